@@ -1,0 +1,179 @@
+"""The whole cluster: hub, spoke, NAT host, node pools, API servers and the split etcd."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import authorization, resources
+
+from modules.common import child, require
+from modules.compute.node_pool import NodePool, NodePoolArgs
+from modules.control_plane.apiservers import ApiServers, ApiServersArgs
+from modules.control_plane.etcd import EtcdCluster, EtcdClusterArgs
+from modules.network.hub import Hub, HubArgs
+from modules.network.nat_host import NatHost, NatHostArgs
+from modules.network.spoke import Spoke, SpokeArgs
+from superkube.ipam import AddressPlan
+from superkube.spec import ClusterSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterArgs:
+    spec: ClusterSpec
+    """The validated spec of this stack."""
+    plan: AddressPlan
+    """The address plan made from the spec (every subnet, scale set and static IP)."""
+
+    def __post_init__(self) -> None:
+        require(
+            len(self.plan.apiserver_ips) == self.spec.apiserver_count, "plan", "was made from another spec"
+        )
+
+
+def standard_tags(spec: ClusterSpec, cluster: str) -> dict[str, str]:
+    """The tags every taggable resource carries: cluster, owner and environment."""
+    return {
+        "cluster": cluster,
+        "owner": spec.team,
+        "environment": spec.environment,
+        "managed-by": "superkube",
+    }
+
+
+class Cluster(pulumi.ComponentResource):
+    """Everything one `pulumi up -s <cluster>` creates."""
+
+    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("superkube:cluster:Cluster", name, None, opts)
+        spec, plan = args.spec, args.plan
+        cluster = plan.cluster
+        tags = standard_tags(spec, cluster)
+        location = spec.region
+        login = {"admin_username": spec.admin_username, "ssh_public_key": spec.ssh_public_key}
+        subscription_id = authorization.get_client_config_output(
+            opts=pulumi.InvokeOutputOptions(parent=self)
+        ).subscription_id
+
+        hub_rg_name = f"rg-{cluster}-hub"
+        rg_name = f"rg-{cluster}"
+        self.hub_group = resources.ResourceGroup(
+            f"{name}-hub-rg", resource_group_name=hub_rg_name, location=location, tags=tags, opts=child(self)
+        )
+        self.group = resources.ResourceGroup(
+            f"{name}-rg", resource_group_name=rg_name, location=location, tags=tags, opts=child(self)
+        )
+        self.hub = Hub(
+            f"{name}-hub",
+            HubArgs(
+                cluster=cluster,
+                location=location,
+                resource_group_name=self.hub_group.name,
+                address_space=str(plan.hub.address_space),
+                subnets=tuple(s for s in plan.subnets if s.vnet == "hub"),
+                tags=tags,
+            ),
+            opts=child(self),
+        )
+        self.spoke = Spoke(
+            f"{name}-spoke",
+            SpokeArgs(
+                cluster=cluster,
+                location=location,
+                resource_group_name=self.group.name,
+                address_space=str(plan.spoke.address_space),
+                subnets=tuple(s for s in plan.subnets if s.vnet == "spoke"),
+                hub_vnet_id=self.hub.vnet.id,
+                hub_vnet_name=self.hub.vnet_name,
+                hub_resource_group_name=self.hub_group.name,
+                tags=tags,
+            ),
+            opts=child(self),
+        )
+        self.nat_host = NatHost(
+            f"{name}-nat",
+            NatHostArgs(
+                cluster=cluster,
+                location=location,
+                resource_group_name=self.hub_group.name,
+                subnet_id=self.hub.subnets["nat"].id,
+                private_ip=str(plan.nat_host_ip),
+                route_table_name=self.hub.route_table_name,
+                service_cidr=str(plan.service_cidr),
+                vm_size=spec.nat_host_vm_size,
+                tags=tags,
+                **login,
+            ),
+            opts=child(self),
+        )
+        zones = tuple(spec.control_plane_zones)
+        self.apiservers = ApiServers(
+            f"{name}-apiservers",
+            ApiServersArgs(
+                cluster=cluster,
+                location=location,
+                subscription_id=subscription_id,
+                resource_group_name=rg_name,
+                subnet_id=self.spoke.subnets["apiservers"].id,
+                frontend_ip=str(plan.apiserver_lb_ip),
+                member_ips=[str(ip) for ip in plan.apiserver_ips],
+                vm_size=spec.apiserver_vm_size,
+                zones=zones,
+                tags=tags,
+                **login,
+            ),
+            opts=child(self, depends_on=[self.group]),
+        )
+        self.etcd = {
+            role: EtcdCluster(
+                f"{name}-etcd-{role}",
+                EtcdClusterArgs(
+                    cluster=cluster,
+                    role=role,
+                    location=location,
+                    resource_group_name=self.group.name,
+                    subnet_id=self.spoke.subnets[f"etcd-{role}"].id,
+                    member_ips=[str(ip) for ip in ips],
+                    vm_size=spec.etcd_vm_size,
+                    disk_sku=spec.etcd_disk_sku,
+                    disk_gb=spec.etcd_disk_gb,
+                    zones=zones,
+                    tags=tags,
+                    **login,
+                ),
+                opts=child(self),
+            )
+            for role, ips in (("main", plan.etcd_main_ips), ("events", plan.etcd_events_ips))
+        }
+        self.pools = [
+            NodePool(
+                f"{name}-pool-{pool.name}",
+                NodePoolArgs(
+                    cluster=cluster,
+                    location=location,
+                    resource_group_name=self.group.name,
+                    pool=pool,
+                    scale_sets=plan.pool_scale_sets(pool.name),
+                    subnet_ids=self.spoke.subnet_ids,
+                    apiserver_endpoint=self.apiservers.endpoint,
+                    kubernetes_version=spec.kubernetes_version,
+                    join_jitter_seconds=spec.autoscaler_join_jitter_seconds,
+                    autoscaler=spec.autoscaler_enabled,
+                    tags=tags,
+                    **login,
+                ),
+                opts=child(self),
+            )
+            for pool in spec.node_pools
+        ]
+        self.outputs = {
+            "apiserver_endpoint": self.apiservers.endpoint,
+            "etcd_servers": ",".join(self.etcd["main"].client_urls),
+            "etcd_servers_overrides": "/events#" + ";".join(self.etcd["events"].client_urls),
+            "nat_host_ip": str(plan.nat_host_ip),
+            "service_cidr": str(plan.service_cidr),
+            "hub_vnet_id": self.hub.vnet.id,
+            "spoke_vnet_id": self.spoke.vnet.id,
+            "scale_sets": [s.name for s in plan.scale_sets],
+        }
+        self.register_outputs(self.outputs)

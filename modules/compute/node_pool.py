@@ -1,0 +1,177 @@
+"""A node pool: one or more VM scale sets with alias-IP NICs, sized by the address plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_azure_native import compute
+
+from modules.common import child, image_reference, linux_ssh_only, require, tagged
+from superkube import cloudinit
+from superkube.ipam import ScaleSetPlan
+from superkube.spec import NodePool as PoolSpec
+
+GPU_RESOURCE = "nvidia.com/gpu"
+AUTOSCALER_TAG = "k8s.io_cluster-autoscaler_node-template"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodePoolArgs:
+    cluster: str
+    """Cluster name, used in scale-set names and autoscaler discovery tags."""
+    location: str
+    """Azure region."""
+    resource_group_name: pulumi.Input[str]
+    """Resource group of the cluster."""
+    pool: PoolSpec
+    """The pool from the spec (VM size, GPUs, pod IPs, labels, taints)."""
+    scale_sets: Sequence[ScaleSetPlan]
+    """The pool's scale sets from the address plan, each with its capacity, zone and subnet."""
+    subnet_ids: Mapping[str, pulumi.Input[str]]
+    """Subnet IDs by subnet name, covering every scale set's subnet."""
+    admin_username: str
+    """Admin user; login by SSH key only."""
+    ssh_public_key: str
+    """OpenSSH public key of the admin user."""
+    apiserver_endpoint: str
+    """URL of the API servers' internal load balancer."""
+    kubernetes_version: str
+    """Kubernetes version of the kubelet."""
+    join_jitter_seconds: int = 300
+    """Random delay window before a new node's kubelet registers (default: 300)."""
+    autoscaler: bool = True
+    """Tag the scale sets for cluster-autoscaler discovery (default: on)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags on every scale set (default: none)."""
+
+    def __post_init__(self) -> None:
+        require(bool(self.scale_sets), "scale_sets", "a pool needs at least one scale set")
+        require(
+            all(s.pool == self.pool.name for s in self.scale_sets),
+            "scale_sets",
+            "every scale set must belong to this pool",
+        )
+        require(
+            sum(s.capacity for s in self.scale_sets) == self.pool.nodes,
+            "scale_sets",
+            "capacities must add up to pool.nodes",
+        )
+        missing = {s.subnet for s in self.scale_sets} - set(self.subnet_ids)
+        require(not missing, "subnet_ids", f"no subnet ID for {sorted(missing)}")
+
+
+def autoscaler_tags(
+    cluster: str, pool: PoolSpec, capacity: int, labels: Mapping[str, str], taints: Sequence[str]
+) -> dict[str, str]:
+    """Discovery, bounds and the node template cluster-autoscaler needs to scale a set from zero."""
+    tags = {
+        "cluster-autoscaler-enabled": "true",
+        "cluster-autoscaler-name": cluster,
+        "min": str(min(pool.min_nodes, capacity)),
+        "max": str(capacity),
+    }
+    for key, value in labels.items():
+        tags[f"{AUTOSCALER_TAG}_label_{key.replace('/', '_')}"] = value
+    for taint in taints:
+        key, _, effect = taint.partition(":")
+        name, _, value = key.partition("=")
+        tags[f"{AUTOSCALER_TAG}_taint_{name.replace('/', '_')}"] = f"{value}:{effect}"
+    if pool.gpus_per_node:
+        tags[f"{AUTOSCALER_TAG}_resources_{GPU_RESOURCE.replace('/', '_')}"] = str(pool.gpus_per_node)
+    return tags
+
+
+class NodePool(pulumi.ComponentResource):
+    """One VM scale set per planned set: no public IPs, SSH keys only, NICs with 1 + pod IPs.
+
+    Every NIC carries a primary IP configuration plus one secondary configuration per pod IP in the
+    same subnet, so pods get VNet addresses directly (alias IPs, no overlay). The autoscaler owns
+    the instance count; Pulumi sets it once (to min_nodes) and then ignores it.
+    """
+
+    def __init__(self, name: str, args: NodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("superkube:compute:NodePool", name, None, opts)
+        pool = args.pool
+        labels = cloudinit.node_labels(args.cluster, pool.name, pool.role, pool.labels)
+        taints = cloudinit.node_taints(pool.role, pool.taints)
+        custom_data = cloudinit.encode(
+            cloudinit.render(
+                cluster=args.cluster,
+                pool=pool.name,
+                role=pool.role,
+                apiserver_endpoint=args.apiserver_endpoint,
+                kubernetes_version=args.kubernetes_version,
+                join_jitter_seconds=args.join_jitter_seconds,
+                labels=labels,
+                taints=taints,
+            )
+        )
+        self.scale_sets: list[compute.VirtualMachineScaleSet] = []
+        for plan in args.scale_sets:
+            subnet = {"id": args.subnet_ids[plan.subnet]}
+            ip_configurations = [
+                {"name": "primary", "primary": True, "subnet": subnet, "private_ip_address_version": "IPv4"}
+            ]
+            ip_configurations += [
+                {
+                    "name": f"pod-{i:03d}",
+                    "primary": False,
+                    "subnet": subnet,
+                    "private_ip_address_version": "IPv4",
+                }
+                for i in range(1, pool.pod_ips_per_node + 1)
+            ]
+            tags = tagged(args.tags, superkube_role=f"{pool.role}_nodes", superkube_pool=pool.name)
+            if args.autoscaler:
+                tags.update(autoscaler_tags(args.cluster, pool, plan.capacity, labels, taints))
+            self.scale_sets.append(
+                compute.VirtualMachineScaleSet(
+                    f"{name}-{plan.index}",
+                    vm_scale_set_name=plan.name,
+                    resource_group_name=args.resource_group_name,
+                    location=args.location,
+                    zones=[plan.zone],
+                    sku={
+                        "name": pool.vm_size,
+                        "tier": "Standard",
+                        "capacity": min(pool.min_nodes, plan.capacity),
+                    },
+                    overprovision=False,
+                    single_placement_group=False,
+                    platform_fault_domain_count=1,
+                    upgrade_policy={"mode": "Manual"},
+                    virtual_machine_profile={
+                        "os_profile": {
+                            "computer_name_prefix": f"{pool.name}{plan.index}-",
+                            "admin_username": args.admin_username,
+                            "linux_configuration": linux_ssh_only(args.admin_username, args.ssh_public_key),
+                            "custom_data": custom_data,
+                        },
+                        "storage_profile": {
+                            "image_reference": image_reference(pool.image),
+                            "os_disk": {
+                                "create_option": "FromImage",
+                                "caching": "ReadOnly",
+                                "disk_size_gb": pool.os_disk_gb,
+                                "managed_disk": {"storage_account_type": "Premium_LRS"},
+                            },
+                        },
+                        "network_profile": {
+                            "network_interface_configurations": [
+                                {
+                                    "name": "primary",
+                                    "primary": True,
+                                    "enable_accelerated_networking": True,
+                                    "enable_ip_forwarding": False,
+                                    "ip_configurations": ip_configurations,
+                                }
+                            ]
+                        },
+                    },
+                    tags=tags,
+                    opts=child(self, ignore_changes=["sku.capacity"]),
+                )
+            )
+        self.register_outputs({"scale_set_ids": [s.id for s in self.scale_sets]})

@@ -1,0 +1,134 @@
+"""Dedicated API-server VMs behind an internal Standard load balancer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_azure_native import network
+
+from modules.common import child, require, tagged
+from modules.compute.machine import Machine, MachineArgs
+
+API_PORT = 6443
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiServersArgs:
+    cluster: str
+    """Cluster name, used in Azure resource names."""
+    location: str
+    """Azure region."""
+    subscription_id: pulumi.Input[str]
+    """Subscription of the load balancer, to build its sub-resource IDs."""
+    resource_group_name: str
+    """Resource group of the cluster (a plain name: it is part of the load balancer's ID)."""
+    subnet_id: pulumi.Input[str]
+    """The apiservers subnet."""
+    frontend_ip: str
+    """Static IP of the load balancer's internal frontend."""
+    member_ips: Sequence[str]
+    """Static IPs of the API servers; their count is the API-server count."""
+    vm_size: str
+    """Azure VM size of every API server."""
+    admin_username: str
+    """Admin user; login by SSH key only."""
+    ssh_public_key: str
+    """OpenSSH public key of the admin user."""
+    zones: Sequence[str] = ()
+    """Zones the API servers are spread over in turn (default: none, regional)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags on every resource (default: none)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.member_ips)
+        require(
+            n >= 3 and n % 2 == 1,
+            "member_ips",
+            f"run an odd count >= 3 of API servers (5 by design), got {n}",
+        )
+        require(self.frontend_ip not in self.member_ips, "frontend_ip", "must differ from every member IP")
+
+
+class ApiServers(pulumi.ComponentResource):
+    """The internal load balancer (TCP 6443, probed on /readyz) and one VM per API server."""
+
+    def __init__(self, name: str, args: ApiServersArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("superkube:control_plane:ApiServers", name, None, opts)
+        lb_name = f"lbi-{args.cluster}-apiserver"
+        lb_id = pulumi.Output.concat(
+            "/subscriptions/",
+            args.subscription_id,
+            f"/resourceGroups/{args.resource_group_name}/providers/Microsoft.Network/loadBalancers/{lb_name}",
+        )
+        frontend_id = pulumi.Output.concat(lb_id, "/frontendIPConfigurations/apiserver")
+        pool_id = pulumi.Output.concat(lb_id, "/backendAddressPools/apiservers")
+        probe_id = pulumi.Output.concat(lb_id, "/probes/apiserver-readyz")
+        tags = tagged(args.tags, superkube_role="apiservers")
+        self.load_balancer = network.LoadBalancer(
+            f"{name}-lb",
+            load_balancer_name=lb_name,
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            sku={"name": "Standard", "tier": "Regional"},
+            frontend_ip_configurations=[
+                {
+                    "name": "apiserver",
+                    "subnet": {"id": args.subnet_id},
+                    "private_ip_allocation_method": "Static",
+                    "private_ip_address": args.frontend_ip,
+                    "zones": list(args.zones) or None,
+                }
+            ],
+            backend_address_pools=[{"name": "apiservers"}],
+            probes=[
+                {
+                    "name": "apiserver-readyz",
+                    "protocol": "Https",
+                    "port": API_PORT,
+                    "request_path": "/readyz",
+                    "interval_in_seconds": 5,
+                    "number_of_probes": 2,
+                }
+            ],
+            load_balancing_rules=[
+                {
+                    "name": "apiserver",
+                    "protocol": "Tcp",
+                    "frontend_port": API_PORT,
+                    "backend_port": API_PORT,
+                    "frontend_ip_configuration": {"id": frontend_id},
+                    "backend_address_pool": {"id": pool_id},
+                    "probe": {"id": probe_id},
+                    "idle_timeout_in_minutes": 30,
+                    "enable_tcp_reset": True,
+                    "disable_outbound_snat": True,
+                }
+            ],
+            tags=tags,
+            opts=child(self),
+        )
+        self.members = [
+            Machine(
+                f"{name}-{i}",
+                MachineArgs(
+                    vm_name=f"apiserver-{args.cluster}-{i}",
+                    location=args.location,
+                    resource_group_name=args.resource_group_name,
+                    subnet_id=args.subnet_id,
+                    private_ip=ip,
+                    vm_size=args.vm_size,
+                    admin_username=args.admin_username,
+                    ssh_public_key=args.ssh_public_key,
+                    zone=args.zones[i % len(args.zones)] if args.zones else None,
+                    backend_pool_ids=[pool_id],
+                    depends_on=[self.load_balancer],
+                    tags=tags,
+                ),
+                opts=child(self),
+            )
+            for i, ip in enumerate(args.member_ips)
+        ]
+        self.endpoint = f"https://{args.frontend_ip}:{API_PORT}"
+        self.register_outputs({"endpoint": self.endpoint, "load_balancer_id": self.load_balancer.id})

@@ -1,0 +1,103 @@
+"""cloud-init for pool nodes: register the kubelet behind the preflight taint, after a join jitter.
+
+Hundreds of VMs that the autoscaler adds at once would otherwise all register, list and watch
+within seconds of each other. Each node sleeps a random 0..jitter seconds before its kubelet
+starts, which spreads the burst over the window (cluster-autoscaler's --max-nodes-per-scaleup
+only caps one scale-up; it does not pace joins).
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+from superkube.spec import PREFLIGHT_TAINT_KEY
+
+PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}=pending:NoSchedule"
+PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}=pending"
+
+
+def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) -> dict[str, str]:
+    labels = {
+        "superkube.io/cluster": cluster,
+        "superkube.io/pool": pool,
+        "superkube.io/role": role,
+    }
+    if role == "gpu":
+        labels[PREFLIGHT_TAINT_KEY] = "pending"
+    labels.update(extra)
+    return labels
+
+
+def node_taints(role: str, extra: Sequence[str]) -> list[str]:
+    return ([PREFLIGHT_TAINT] if role == "gpu" else []) + list(extra)
+
+
+def render(
+    *,
+    cluster: str,
+    pool: str,
+    role: str,
+    apiserver_endpoint: str,
+    kubernetes_version: str,
+    join_jitter_seconds: int,
+    labels: Mapping[str, str],
+    taints: Sequence[str],
+) -> str:
+    """The #cloud-config document for one pool's nodes."""
+    kubelet_args = [
+        f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}",
+    ]
+    if taints:
+        kubelet_args.append(f"--register-with-taints={','.join(taints)}")
+    join = "\n".join(
+        [
+            "#!/bin/sh",
+            "# Spread kubelet registration of nodes that start together over the jitter window.",
+            "set -eu",
+            f'sleep "$(shuf -i 0-{join_jitter_seconds} -n 1)"',
+            "systemctl enable --now kubelet",
+            "",
+        ]
+    )
+    doc = {
+        "write_files": [
+            {
+                "path": "/etc/default/kubelet",
+                "permissions": "0644",
+                "content": f"KUBELET_EXTRA_ARGS={shlex.quote(' '.join(kubelet_args))}\n",
+            },
+            {
+                "path": "/etc/superkube/node.env",
+                "permissions": "0644",
+                "content": "".join(
+                    f"{k}={shlex.quote(v)}\n"
+                    for k, v in {
+                        "SUPERKUBE_CLUSTER": cluster,
+                        "SUPERKUBE_POOL": pool,
+                        "SUPERKUBE_ROLE": role,
+                        "SUPERKUBE_APISERVER": apiserver_endpoint,
+                        "SUPERKUBE_KUBERNETES_VERSION": kubernetes_version,
+                        "SUPERKUBE_JOIN_JITTER_SECONDS": str(join_jitter_seconds),
+                    }.items()
+                ),
+            },
+            {"path": "/usr/local/sbin/superkube-join", "permissions": "0755", "content": join},
+        ],
+        "runcmd": [["/usr/local/sbin/superkube-join"]],
+    }
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=1_000)
+
+
+def encode(document: str) -> str:
+    return base64.b64encode(document.encode()).decode()
+
+
+def decode(custom_data: str) -> dict[str, object]:
+    text = base64.b64decode(custom_data).decode()
+    if not text.startswith("#cloud-config\n"):
+        raise ValueError("custom data is not a #cloud-config document")
+    return yaml.safe_load(text)  # type: ignore[no-any-return]

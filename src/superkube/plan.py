@@ -1,0 +1,429 @@
+"""Run the real Pulumi program under a recording mock engine: no cloud, no credentials, no CLI.
+
+The stack's config is read the way the Pulumi CLI reads it (stack file over Pulumi.yaml defaults,
+every value a string), validated once, and then `__main__.py` runs unchanged. Every resource the
+program registers is recorded with its type, name, inputs, parent and dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import runpy
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings
+from pulumi.runtime import stack as pulumi_stack
+from pulumi.runtime.sync_await import _sync_await
+
+from superkube.ipam import AddressPlan, plan_addresses
+from superkube.spec import NAMESPACE, ClusterSpec, SpecError, from_config
+
+PROJECT = "superkube"
+MOCK_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+MOCK_TENANT = "11111111-1111-1111-1111-111111111111"
+
+# How the mock engine names and identifies each Azure type: (the input holding the Azure name,
+# the ARM path under the resource group). IDs look like the real ones so references resolve alike.
+_ARM: dict[str, tuple[str, str]] = {
+    "azure-native:resources:ResourceGroup": ("resourceGroupName", ""),
+    "azure-native:network:VirtualNetwork": (
+        "virtualNetworkName",
+        "Microsoft.Network/virtualNetworks/{virtualNetworkName}",
+    ),
+    "azure-native:network:Subnet": (
+        "subnetName",
+        "Microsoft.Network/virtualNetworks/{virtualNetworkName}/subnets/{subnetName}",
+    ),
+    "azure-native:network:VirtualNetworkPeering": (
+        "virtualNetworkPeeringName",
+        "Microsoft.Network/virtualNetworks/{virtualNetworkName}/virtualNetworkPeerings/{virtualNetworkPeeringName}",
+    ),
+    "azure-native:network:NetworkSecurityGroup": (
+        "networkSecurityGroupName",
+        "Microsoft.Network/networkSecurityGroups/{networkSecurityGroupName}",
+    ),
+    "azure-native:network:RouteTable": ("routeTableName", "Microsoft.Network/routeTables/{routeTableName}"),
+    "azure-native:network:Route": (
+        "routeName",
+        "Microsoft.Network/routeTables/{routeTableName}/routes/{routeName}",
+    ),
+    "azure-native:network:NetworkInterface": (
+        "networkInterfaceName",
+        "Microsoft.Network/networkInterfaces/{networkInterfaceName}",
+    ),
+    "azure-native:network:LoadBalancer": (
+        "loadBalancerName",
+        "Microsoft.Network/loadBalancers/{loadBalancerName}",
+    ),
+    "azure-native:compute:VirtualMachine": ("vmName", "Microsoft.Compute/virtualMachines/{vmName}"),
+    "azure-native:compute:VirtualMachineScaleSet": (
+        "vmScaleSetName",
+        "Microsoft.Compute/virtualMachineScaleSets/{vmScaleSetName}",
+    ),
+}
+
+
+class PlanError(Exception):
+    """The program itself failed under the mock engine (not a config error)."""
+
+
+@dataclass
+class Resource:
+    urn: str
+    type: str
+    name: str
+    custom: bool
+    parent: str | None
+    dependencies: list[str]
+    inputs: dict[str, Any]
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "urn": self.urn,
+            "type": self.type,
+            "name": self.name,
+            "custom": self.custom,
+            "id": self.id,
+            "parent": self.parent,
+            "dependencies": self.dependencies,
+            "inputs": self.inputs,
+        }
+
+
+@dataclass
+class Plan:
+    stack: str
+    spec: ClusterSpec
+    addresses: AddressPlan
+    resources: list[Resource]
+    outputs: dict[str, Any]
+    seconds: float = 0.0
+    config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cluster(self) -> str:
+        return self.addresses.cluster
+
+    def of_type(self, type_: str) -> list[Resource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def by_urn(self, urn: str) -> Resource:
+        for r in self.resources:
+            if r.urn == urn:
+                return r
+        raise KeyError(urn)
+
+    def children(self, urn: str) -> list[Resource]:
+        return [r for r in self.resources if r.parent == urn]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.resources:
+            out[r.type] = out.get(r.type, 0) + 1
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        from superkube.report import address_rows, capacity, limit_rows, topology
+
+        return {
+            "format": "superkube-plan/1",
+            "stack": self.stack,
+            "cluster": self.cluster,
+            "config": self.config,
+            "resource_counts": self.counts(),
+            "topology": topology(self),
+            "address_plan": {"subnets": address_rows(self.addresses), "limits": limit_rows(self.addresses)},
+            "capacity": capacity(self.addresses),
+            "outputs": self.outputs,
+            "resources": [r.to_dict() for r in self.resources],
+        }
+
+
+# --- reading a stack the way the Pulumi CLI does -------------------------------------------------
+
+
+def find_project(start: Path | None = None) -> Path:
+    """The directory of the superkube Pulumi.yaml at or above `start`, else the source checkout's."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        project_file = candidate / "Pulumi.yaml"
+        if project_file.is_file() and _project_name(project_file) == PROJECT:
+            return candidate
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "Pulumi.yaml").is_file():
+        return checkout
+    raise SpecError(
+        "Pulumi.yaml",
+        "no superkube project found here or above",
+        "run from the superkube checkout or pass --project",
+    )
+
+
+def _project_name(path: Path) -> str | None:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data.get("name") if isinstance(data, dict) else None
+
+
+def stack_path(project: Path, stack: str) -> Path:
+    if stack.endswith((".yaml", ".yml")) or "/" in stack:
+        return Path(stack)
+    return project / "stacks" / f"Pulumi.{stack}.yaml"
+
+
+def stack_name(stack: str) -> str:
+    """`dev` for `dev` and for `stacks/Pulumi.dev.yaml`."""
+    if stack.endswith((".yaml", ".yml")) or "/" in stack:
+        name = Path(stack).name
+        for suffix in (".yaml", ".yml"):
+            name = name.removesuffix(suffix)
+        return name.removeprefix("Pulumi.")
+    return stack
+
+
+def _project_config(project: Path) -> dict[str, dict[str, Any]]:
+    data = yaml.safe_load((project / "Pulumi.yaml").read_text())
+    return dict(data.get("config") or {})
+
+
+def _as_config_string(value: Any) -> str:
+    """Pulumi hands every config value to the program as a string; structures as JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value)
+
+
+def read_stack_config(project: Path, stack: str) -> dict[str, str]:
+    """Namespaced config of a stack, stack values over Pulumi.yaml defaults, all strings."""
+    path = stack_path(project, stack)
+    where = f"{path}"
+    if not path.is_file():
+        known = sorted(
+            p.name.removeprefix("Pulumi.").removesuffix(".yaml")
+            for p in (project / "stacks").glob("Pulumi.*.yaml")
+        )
+        raise SpecError(
+            where, "no such stack file", f"use one of: {', '.join(known) or 'none'} (or create it)"
+        )
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(where, f"is not valid YAML{at}", "fix the YAML syntax") from None
+    if not isinstance(data, dict) or not isinstance(data.get("config", {}), dict):
+        raise SpecError(
+            where, "must be a mapping with a config: mapping", "see stacks/Pulumi.dev.yaml for the shape"
+        )
+    unexpected = set(data) - {"config", "secretsprovider", "encryptionsalt", "encryptedkey", "environment"}
+    if unexpected:
+        raise SpecError(
+            where, f"unknown top-level key {sorted(unexpected)[0]!r}", "put settings under config:"
+        )
+    declared = _project_config(project)
+    values: dict[str, str] = {}
+    for key, value in (data.get("config") or {}).items():
+        full = key if ":" in str(key) else f"{NAMESPACE}:{key}"
+        namespace, _, short = full.partition(":")
+        if namespace == NAMESPACE and short in declared:
+            want = declared[short].get("type", "string")
+            if want == "string" and not isinstance(value, str):
+                raise SpecError(
+                    f"{full}",
+                    f"must be a string, got a YAML {type(value).__name__}",
+                    f"write it as a block string: '{short}: |' with the YAML indented below it",
+                )
+            if want == "array" and not isinstance(value, list):
+                raise SpecError(full, f"must be a list, got {value!r}", f'write {short}: ["1", "2", "3"]')
+        if isinstance(value, dict) and "secure" in value:
+            raise SpecError(
+                full,
+                "is encrypted, and the mock engine has no secrets provider",
+                "keep plan inputs in plaintext",
+            )
+        values[full] = _as_config_string(value)
+    for short, decl in declared.items():
+        full = f"{NAMESPACE}:{short}"
+        if full not in values and "default" in decl:
+            values[full] = _as_config_string(decl["default"])
+    return values
+
+
+def spec_from_config(config: dict[str, str], stack: str) -> tuple[ClusterSpec, AddressPlan]:
+    ours = {k.partition(":")[2]: v for k, v in config.items() if k.startswith(f"{NAMESPACE}:")}
+    spec = from_config(ours)
+    return spec, plan_addresses(spec, stack)
+
+
+def load(project: Path, stack: str) -> tuple[dict[str, str], ClusterSpec, AddressPlan]:
+    """Read and validate a stack; raises SpecError (one line) before anything runs or is written."""
+    config = read_stack_config(project, stack)
+    spec, addresses = spec_from_config(config, stack_name(stack))
+    return config, spec, addresses
+
+
+# --- the recording mock engine ------------------------------------------------------------------
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.last_inputs: dict[str, Any] = {}
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+        self.last_inputs = args.inputs
+        if not args.custom:
+            return "", dict(args.inputs)
+        name_key, path = _ARM.get(args.typ, ("", ""))
+        azure_name = args.inputs.get(name_key) or args.name
+        rg = args.inputs.get("resourceGroupName", "")
+        if args.typ == "azure-native:resources:ResourceGroup":
+            rid = f"/subscriptions/{MOCK_SUBSCRIPTION}/resourceGroups/{azure_name}"
+        else:
+            try:
+                tail = path.format(**args.inputs) if path else f"{args.typ}/{azure_name}"
+            except KeyError:
+                tail = f"{args.typ}/{azure_name}"
+            rid = f"/subscriptions/{MOCK_SUBSCRIPTION}/resourceGroups/{rg}/providers/{tail}"
+        return rid, {**args.inputs, "name": azure_name}
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:  # type: ignore[override]
+        if args.token == "azure-native:authorization:getClientConfig":
+            return {
+                "clientId": "superkube-plan",
+                "objectId": "superkube-plan",
+                "subscriptionId": MOCK_SUBSCRIPTION,
+                "tenantId": MOCK_TENANT,
+            }
+        raise PlanError(f"the program called {args.token}, which the plan's mock engine does not answer")
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    def __init__(self, mocks: _Mocks) -> None:
+        super().__init__(mocks)
+        self.recorded: list[Resource] = []
+        self._mocks = mocks
+
+    def RegisterResource(self, request: Any) -> Any:
+        response = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.recorded.append(
+                Resource(
+                    urn=response.urn,
+                    type=request.type,
+                    name=request.name,
+                    custom=bool(request.custom),
+                    parent=request.parent or None,
+                    dependencies=sorted(set(request.dependencies)),
+                    inputs=_plain(self._mocks.last_inputs),
+                    id=response.id,
+                )
+            )
+        return response
+
+
+def _without_version_aliases(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult:
+    """Drop azure-native's API-version type aliases before the SDK turns each into a URN output.
+
+    Every azure-native resource carries ~60 aliases such as `azure-native:network/v20230401:Subnet`,
+    which only matter when an existing stack's state is migrated between provider versions. A plan
+    has no prior state, and the mock monitor ignores aliases, but building them costs about two
+    thirds of the plan's time. The program's own aliases (anything else) are kept.
+    """
+    aliases = args.opts.aliases
+    if aliases:
+        kept = [a for a in aliases if not (isinstance(a, pulumi.Alias) and _is_version_alias(a.type_))]
+        if len(kept) != len(aliases):
+            args.opts.aliases = kept
+            return pulumi.ResourceTransformationResult(args.props, args.opts)
+    return pulumi.ResourceTransformationResult(args.props, args.opts)
+
+
+def _is_version_alias(type_: Any) -> bool:
+    return isinstance(type_, str) and type_.startswith("azure-native:") and "/v" in type_.split(":")[1]
+
+
+def _close_thread_loop() -> None:
+    try:
+        thread_loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return
+    thread_loop.close()
+    asyncio.set_event_loop(None)
+
+
+def _plain(value: Any) -> Any:
+    """Inputs as JSON-ready data (the mock engine may hand back tuples and unknowns)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)
+
+
+def run(project: Path, stack: str) -> Plan:
+    """Validate the stack, then run `__main__.py` under the mock engine and record every resource."""
+    started = time.perf_counter()
+    config, spec, addresses = load(project, stack)
+    name = stack_name(stack)
+    if str(project) not in sys.path:
+        sys.path.insert(0, str(project))
+    main = project / "__main__.py"
+
+    def body() -> tuple[list[Resource], dict[str, Any]]:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        # The mock engine answers invokes on an executor thread and gives that thread an event loop
+        # of its own; one worker we close ourselves keeps those loops from leaking.
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superkube-plan")
+        loop.set_default_executor(executor)
+        try:
+            pulumi.runtime.set_all_config(config)
+            mocks = _Mocks()
+            monitor = _RecordingMonitor(mocks)
+            pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=name, preview=False, monitor=monitor)
+            pulumi_stack.register_stack_transformation(_without_version_aliases)
+            _sync_await(pulumi_stack.run_pulumi_func(lambda: runpy.run_path(str(main), run_name="__main__")))
+            root = settings.get_root_resource()
+            exported = getattr(root, "outputs", {}) or {}
+            outputs = _sync_await(pulumi.Output.from_input(exported).future()) or {}
+            return monitor.recorded, _plain(outputs)
+        finally:
+            executor.submit(_close_thread_loop).result()
+            executor.shutdown(wait=True)
+            loop.close()
+            asyncio.set_event_loop(None)
+
+    try:
+        recorded, outputs = contextvars.Context().run(body)
+    except pulumi.RunError as exc:
+        raise PlanError(str(exc)) from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise PlanError(f"the program failed under the mock engine: {type(exc).__name__}: {exc}") from exc
+    return Plan(
+        stack=name,
+        spec=spec,
+        addresses=addresses,
+        resources=recorded,
+        outputs=outputs,
+        seconds=time.perf_counter() - started,
+        config=config,
+    )

@@ -1,0 +1,483 @@
+"""The cluster spec: every `superkube:` config key, validated once.
+
+`Pulumi.yaml` only types config as string, integer, boolean or array, and once a project declares
+config every stack key must be declared. So scalar settings are flat keys, and the structured ones
+(`node_pools`, `peered_spokes`, `limit_overrides`) are YAML documents held in string keys.
+
+`ClusterSpec` is the single source of truth for keys, defaults and descriptions; `Pulumi.yaml` is
+generated from it (`superkube config-schema --write`) and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+NAMESPACE = "superkube"
+
+# Azure names built from these must stay within Azure's 64-80 character limits and be valid
+# hostname prefixes, so cluster and pool names are short DNS labels.
+_LABEL = re.compile(r"^[a-z][a-z0-9-]{0,18}[a-z0-9]$|^[a-z]$")
+_POOL = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+_TAINT = re.compile(r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
+_SSH_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{40,}( .*)?$")
+_DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "UltraSSD_LRS", "Premium_ZRS")
+
+PREFLIGHT_TAINT_KEY = "superkube.io/preflight"
+
+
+class SpecError(Exception):
+    """A user error in a stack's config: one line saying what, where, and how to fix it."""
+
+    def __init__(self, key: str, problem: str, fix: str) -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{key}: {problem}; {fix}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _cidr(value: str) -> str:
+    try:
+        net = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an IPv4 CIDR with its host bits clear ({exc})") from None
+    if not net.is_private:
+        raise ValueError(f"{value} is not a private range; use RFC 1918 space such as 10.0.0.0/8")
+    return str(net)
+
+
+Cidr = Annotated[str, Field(pattern=r"^[0-9./]+$")]
+
+
+class NodePool(_Model):
+    """One node pool. Larger than the per-scale-set VM limit, it becomes several scale sets."""
+
+    name: str = Field(description="Short pool name (a-z, 0-9, up to 12 characters); used in scale-set names.")
+    role: Literal["gpu", "cpu"] = Field(description="gpu pools register behind the preflight taint.")
+    vm_size: str = Field(
+        pattern=r"^Standard_[A-Za-z0-9_]+$", description="Azure VM size, e.g. Standard_ND96isr_H100_v5."
+    )
+    nodes: int = Field(ge=1, le=100_000, description="Capacity: the most nodes the pool may hold.")
+    min_nodes: int = Field(
+        default=0, ge=0, description="Autoscaler minimum (0 lets the pool scale from zero)."
+    )
+    gpus_per_node: int = Field(default=0, ge=0, le=16, description="GPUs per VM (0 for cpu pools).")
+    pod_ips_per_node: int = Field(
+        ge=1, description="Secondary IPs per NIC, one per pod (alias-IP networking)."
+    )
+    zones: list[Literal["1", "2", "3"]] = Field(
+        default=["1"],
+        min_length=1,
+        description="Availability zones; scale sets are spread over them in turn.",
+    )
+    image: str = Field(
+        default="Canonical:ubuntu-24_04-lts:server:latest",
+        pattern=r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$",
+        description="Marketplace image as publisher:offer:sku:version.",
+    )
+    os_disk_gb: int = Field(default=256, ge=64, le=4095, description="OS disk size in GiB.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
+    taints: list[str] = Field(default_factory=list, description="Extra taints as key=value:Effect.")
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zones_as_strings(cls, v: Any) -> Any:
+        return [str(z) for z in v] if isinstance(v, list) else v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _POOL.match(v):
+            raise ValueError(
+                f"{v!r} is not a pool name; use 1-12 characters a-z and 0-9, starting with a letter"
+            )
+        return v
+
+    @field_validator("taints")
+    @classmethod
+    def _taints(cls, v: list[str]) -> list[str]:
+        for taint in v:
+            if not _TAINT.match(taint):
+                raise ValueError(
+                    f"{taint!r} is not a taint; write key=value:NoSchedule|PreferNoSchedule|NoExecute"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodePool:
+        if self.role == "gpu" and self.gpus_per_node < 1:
+            raise ValueError(
+                "gpus_per_node must be at least 1 for a gpu pool; set it to the VM size's GPU count"
+            )
+        if self.role == "cpu" and self.gpus_per_node:
+            raise ValueError("gpus_per_node must be 0 for a cpu pool; set role: gpu or drop gpus_per_node")
+        if self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes {self.min_nodes} exceeds nodes {self.nodes}; lower min_nodes")
+        return self
+
+
+class PeeredSpoke(_Model):
+    """Another cluster's spoke already peered to the hub (counted for overlaps and the hub's group)."""
+
+    address_space: str
+    ips: int = Field(ge=0, description="Private IPs that spoke uses (for the hub's peered-group limit).")
+
+    @field_validator("address_space")
+    @classmethod
+    def _space(cls, v: str) -> str:
+        return _cidr(v)
+
+
+class LimitOverride(_Model):
+    value: int = Field(ge=1)
+    reason: str = Field(
+        min_length=10, description="Why this stack may exceed Azure's default (quota ticket, ...)."
+    )
+
+
+LimitName = Literal[
+    "vnet_private_ips",
+    "peered_group_private_ips",
+    "nic_private_ips",
+    "vnet_peerings",
+    "vnet_subnets",
+    "vmss_vms",
+]
+
+DEFAULT_NODE_POOLS = """\
+- name: gpu
+  role: gpu
+  vm_size: Standard_ND96isr_H100_v5
+  nodes: 4
+  gpus_per_node: 8
+  pod_ips_per_node: 15
+  zones: ["1"]
+  image: microsoft-dsvm:ubuntu-hpc:2204:latest
+- name: cpu
+  role: cpu
+  vm_size: Standard_D16s_v5
+  nodes: 3
+  min_nodes: 1
+  pod_ips_per_node: 30
+  zones: ["1", "2", "3"]
+"""
+
+
+def _yaml_doc(key: str, value: Any, want: type) -> Any:
+    """Parse a YAML-in-a-string config value (or pass through an already-structured one)."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value) if value.strip() else want()
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ValueError(f"is not valid YAML{where}") from None
+    if value is None:
+        value = want()
+    if not isinstance(value, want):
+        raise ValueError(
+            f"must be a YAML {'list' if want is list else 'mapping'}, got {type(value).__name__}"
+        )
+    return value
+
+
+class ClusterSpec(_Model):
+    """Every `superkube:` config key of a stack. Field order is the order of Pulumi.yaml."""
+
+    cluster_name: str = Field(
+        default="",
+        description="Cluster name (a DNS label, at most 20 characters); empty means the stack name.",
+    )
+    region: str = Field(
+        default="eastus",
+        pattern=r"^[a-z0-9]+$",
+        description="Azure region of every resource, e.g. eastus or southcentralus.",
+    )
+    environment: str = Field(
+        default="dev",
+        pattern=r"^[a-z][a-z0-9-]*$",
+        description="Environment tag on every resource (dev, staging, prod, ...).",
+    )
+    team: str = Field(
+        default="ml-infra",
+        pattern=r"^[a-z][a-z0-9-]*$",
+        description="Owning team; the owner tag on every resource.",
+    )
+    kubernetes_version: str = Field(
+        default="1.31.4", pattern=r"^1\.\d+\.\d+$", description="Kubernetes version the nodes' kubelet runs."
+    )
+    admin_username: str = Field(
+        default="superkube",
+        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        description="Admin user on every VM (SSH keys only; passwords are disabled).",
+    )
+    ssh_public_key: str = Field(
+        default="", description="OpenSSH public key for admin_username on every VM (required)."
+    )
+    hub_address_space: str = Field(
+        default="10.0.0.0/24", description="Hub VNet address space (NAT host and shared subnets)."
+    )
+    hub_shared_subnet_prefix: int = Field(
+        default=26,
+        ge=16,
+        le=29,
+        description="Prefix length of the hub's shared subnet, whose route table sends the service CIDR via the NAT host.",
+    )
+    spoke_address_space: str = Field(
+        default="10.64.0.0/20",
+        description="This cluster's spoke VNet address space: node and pod IPs, control plane, etcd.",
+    )
+    service_cidr: str = Field(
+        default="10.128.0.0/16",
+        description="Kubernetes service CIDR; reached from the hub through the NAT host.",
+    )
+    peered_spokes: dict[str, PeeredSpoke] = Field(
+        default_factory=dict,
+        description="YAML mapping: other clusters' spokes already peered to the hub, name -> {address_space, ips}.",
+    )
+    node_pools: list[NodePool] = Field(
+        default=DEFAULT_NODE_POOLS,
+        min_length=1,
+        description="YAML list of node pools: name, role, vm_size, nodes, gpus_per_node, pod_ips_per_node, zones, ...",
+        validate_default=True,
+    )  # type: ignore[assignment]
+    apiserver_count: int = Field(
+        default=5,
+        ge=1,
+        le=15,
+        description="Dedicated API-server VMs behind the internal load balancer (5; an odd count >= 3).",
+    )
+    apiserver_vm_size: str = Field(
+        default="Standard_D16s_v5",
+        pattern=r"^Standard_[A-Za-z0-9_]+$",
+        description="VM size of the API servers.",
+    )
+    etcd_main_count: int = Field(
+        default=5, ge=1, le=9, description="Members of the main etcd cluster (odd, >= 3)."
+    )
+    etcd_events_count: int = Field(
+        default=5, ge=1, le=9, description="Members of the separate events etcd cluster (odd, >= 3)."
+    )
+    etcd_vm_size: str = Field(
+        default="Standard_E8s_v5",
+        pattern=r"^Standard_[A-Za-z0-9_]+$",
+        description="VM size of every etcd member.",
+    )
+    etcd_disk_sku: str = Field(
+        default="Premium_LRS",
+        description="Managed disk SKU of the etcd data disk (Premium_LRS, PremiumV2_LRS, UltraSSD_LRS, Premium_ZRS).",
+    )
+    etcd_disk_gb: int = Field(
+        default=256,
+        ge=32,
+        le=4095,
+        description="Size of the etcd data disk in GiB (larger premium disks get more IOPS).",
+    )
+    control_plane_zones: list[Literal["1", "2", "3"]] = Field(
+        default=["1", "2", "3"],
+        description="Zones the API servers and etcd members are spread over in turn; empty for a region without zones.",
+    )
+    nat_host_vm_size: str = Field(
+        default="Standard_D8s_v5",
+        pattern=r"^Standard_[A-Za-z0-9_]+$",
+        description="VM size of the NAT host in the hub.",
+    )
+    autoscaler_enabled: bool = Field(
+        default=True,
+        description="Tag every pool for cluster-autoscaler discovery (min/max and node templates).",
+    )
+    autoscaler_join_jitter_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description="Each new node waits a random 0..N seconds before its kubelet registers, smoothing join bursts.",
+    )
+    limit_overrides: dict[LimitName, LimitOverride] = Field(
+        default_factory=dict,
+        description="YAML mapping: Azure limit name -> {value, reason}, for quota raised by Azure support.",
+    )
+
+    @field_validator("node_pools", mode="before")
+    @classmethod
+    def _pools_yaml(cls, v: Any) -> Any:
+        return _yaml_doc("node_pools", v, list)
+
+    @field_validator("control_plane_zones", mode="before")
+    @classmethod
+    def _zones_list(cls, v: Any) -> Any:
+        items = _yaml_doc("", v, list)
+        return [str(z) for z in items] if isinstance(items, list) else items
+
+    @field_validator("peered_spokes", "limit_overrides", mode="before")
+    @classmethod
+    def _mapping_yaml(cls, v: Any) -> Any:
+        return _yaml_doc("", v, dict)
+
+    @field_validator("cluster_name")
+    @classmethod
+    def _cluster_name(cls, v: str) -> str:
+        if v and not _LABEL.match(v):
+            raise ValueError(
+                f"{v!r} is not a cluster name; use 1-20 characters a-z, 0-9 and '-', starting with a letter"
+            )
+        return v
+
+    @field_validator("hub_address_space", "spoke_address_space", "service_cidr")
+    @classmethod
+    def _cidrs(cls, v: str) -> str:
+        return _cidr(v)
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _ssh_key(cls, v: str) -> str:
+        if not v:
+            raise ValueError(
+                'is empty; set it to your team\'s OpenSSH public key (pulumi config set ssh_public_key "ssh-ed25519 AAAA...")'
+            )
+        if not _SSH_KEY.match(v):
+            raise ValueError(
+                "is not an OpenSSH public key; paste the one line of your id_ed25519.pub (ssh-ed25519 AAAA...)"
+            )
+        return v
+
+    @field_validator("etcd_disk_sku")
+    @classmethod
+    def _disk_sku(cls, v: str) -> str:
+        if v not in _DISK_SKUS:
+            raise ValueError(f"{v!r} is not a premium disk SKU; etcd needs one of {', '.join(_DISK_SKUS)}")
+        return v
+
+    @field_validator("apiserver_count")
+    @classmethod
+    def _apiservers(cls, v: int) -> int:
+        if v < 3 or v % 2 == 0:
+            raise ValueError(
+                f"must be an odd count >= 3 (got {v}); the design runs 5 API servers, set it to 5"
+            )
+        return v
+
+    @field_validator("etcd_main_count", "etcd_events_count")
+    @classmethod
+    def _etcd(cls, v: int) -> int:
+        if v % 2 == 0:
+            raise ValueError(
+                f"must be odd (got {v}): {v} members tolerate no more failures than {v - 1}; set it to {v - 1} or {v + 1}"
+            )
+        if v < 3:
+            raise ValueError(
+                f"must be at least 3 (got {v}): {v} member(s) tolerate no failure; set it to 3 or 5"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _pool_names_unique(self) -> ClusterSpec:
+        seen: set[str] = set()
+        for i, pool in enumerate(self.node_pools):
+            if pool.name in seen:
+                raise SpecError(
+                    f"{NAMESPACE}:node_pools[{i}].name",
+                    f"pool name {pool.name!r} is used twice",
+                    "give every pool its own name",
+                )
+            seen.add(pool.name)
+        if not any(p.role == "gpu" for p in self.node_pools):
+            raise SpecError(f"{NAMESPACE}:node_pools", "has no gpu pool", "add a pool with role: gpu")
+        return self
+
+    def name(self, stack: str) -> str:
+        return self.cluster_name or stack
+
+    def limit(self, name: str, default: int) -> int:
+        override = self.limit_overrides.get(name)  # type: ignore[call-overload]
+        return override.value if override else default
+
+
+CONFIG_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)
+YAML_KEYS = frozenset({"node_pools", "peered_spokes", "limit_overrides"})
+ARRAY_KEYS = frozenset({"control_plane_zones"})
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    out = NAMESPACE + ":"
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if i else "") + str(part)
+    return out
+
+
+def _fix_for(err: Mapping[str, Any], known: list[str]) -> str:
+    kind = err["type"]
+    loc = err["loc"]
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{hint}remove it or use one of: {', '.join(known)}"
+    if kind == "missing":
+        return "add it"
+    if kind.startswith("int_"):
+        return "write a whole number"
+    if kind.startswith("bool"):
+        return "write true or false"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return "choose a value within that range"
+    if kind == "string_pattern_mismatch":
+        return "match the documented format (see Pulumi.yaml)"
+    if kind == "literal_error":
+        return "use one of the allowed values"
+    if kind in ("list_type", "dict_type", "model_type"):
+        return "fix the YAML structure (see Pulumi.yaml for an example)"
+    return "see the key's description in Pulumi.yaml"
+
+
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] = ClusterSpec
+    if loc and loc[0] == "node_pools":
+        model = NodePool
+    elif loc and loc[0] == "peered_spokes":
+        model = PeeredSpoke
+    elif loc and loc[0] == "limit_overrides":
+        model = LimitOverride
+    return list(model.model_fields)
+
+
+def from_config(config: Mapping[str, Any]) -> ClusterSpec:
+    """Validate un-namespaced config values (strings as Pulumi passes them, or YAML scalars)."""
+    values: dict[str, Any] = {}
+    for key, value in config.items():
+        values[key] = value
+    try:
+        return ClusterSpec.model_validate(values)
+    except SpecError:
+        raise
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = tuple(err["loc"])
+        if loc and loc[-1] == "[key]":  # a bad mapping key, e.g. an unknown limit name
+            loc = loc[:-1]
+            problem = f"{err['input']!r} is not allowed here ({err['msg'].lower()})"
+        else:
+            problem = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                problem = "unknown key"
+            elif (
+                err["type"] not in ("value_error", "assertion_error")
+                and "input" in err
+                and not isinstance(err["input"], dict | list)
+            ):
+                problem = f"{problem.lower()} (got {err['input']!r})"
+        if ";" in problem:  # our own validators already say how to fix it
+            head, _, fix = problem.partition("; ")
+            raise SpecError(_key_path(loc), head, fix) from None
+        raise SpecError(_key_path(loc), problem, _fix_for(err, _known_keys(loc))) from None
