@@ -132,7 +132,7 @@ class NodePool(pulumi.ComponentResource):
                     vm_scale_set_name=plan.name,
                     resource_group_name=args.resource_group_name,
                     location=args.location,
-                    zones=[plan.zone],
+                    zones=list(plan.zones),
                     sku={
                         "name": pool.vm_size,
                         "tier": "Standard",

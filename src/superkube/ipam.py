@@ -68,7 +68,7 @@ class ScaleSetPlan:
     index: int
     name: str
     capacity: int
-    zone: str
+    zones: tuple[str, ...]  # a pool that fits one set spans all its zones; split pools take one each in turn
     subnet: str
 
 
@@ -233,7 +233,8 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
     pool_subnets: list[tuple[str, str, int, int]] = []
     for index, pool in enumerate(spec.node_pools):
         _check_nic(pool, index, limits["nic_private_ips"])
-        for i, size in enumerate(split_pool(pool.nodes, limits["vmss_vms"].value)):
+        sizes = split_pool(pool.nodes, limits["vmss_vms"].value)
+        for i, size in enumerate(sizes):
             subnet = f"{pool.name}-{i}"
             scale_sets.append(
                 ScaleSetPlan(
@@ -241,7 +242,7 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
                     index=i,
                     name=f"vmss-{cluster}-{pool.name}-{i}",
                     capacity=size,
-                    zone=pool.zones[i % len(pool.zones)],
+                    zones=tuple(pool.zones) if len(sizes) == 1 else (pool.zones[i % len(pool.zones)],),
                     subnet=subnet,
                 )
             )

@@ -97,7 +97,7 @@ def topology(plan: Plan) -> dict[str, Any]:
                     {
                         "name": s.name,
                         "capacity": s.capacity,
-                        "zone": s.zone,
+                        "zones": list(s.zones),
                         "subnet": str(a.subnet(s.subnet).cidr),
                     }
                     for s in sets

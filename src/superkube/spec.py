@@ -471,6 +471,8 @@ def from_config(config: Mapping[str, Any]) -> ClusterSpec:
             problem = str(err["msg"]).removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 problem = "unknown key"
+            elif err["type"] == "missing":
+                problem = "is required"
             elif (
                 err["type"] not in ("value_error", "assertion_error")
                 and "input" in err

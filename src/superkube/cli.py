@@ -1,0 +1,244 @@
+"""The superkube command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from superkube import diagram, report
+from superkube.spec import SpecError
+
+app = typer.Typer(
+    name="superkube",
+    help="Stand up and run GPU Kubernetes clusters of thousands of nodes on Azure, as code.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+err = Console(stderr=True, soft_wrap=True)
+
+USER_ERROR = 2
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+
+
+StackOpt = Annotated[
+    str, typer.Option("--stack", "-s", help="Stack name (stacks/Pulumi.<name>.yaml) or a stack file path.")
+]
+ProjectOpt = Annotated[
+    Path | None,
+    typer.Option("--project", help="superkube project directory (default: found from the current one)."),
+]
+
+
+def fail(message: str, code: int = USER_ERROR) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def _project(project: Path | None) -> Path:
+    from superkube.plan import find_project
+
+    return project.resolve() if project else find_project()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_writable(path: Path | None, option: str) -> None:
+    if path is None:
+        return
+    parent = path.resolve().parent
+    if path.is_dir():
+        fail(f"{option} {path}: is a directory; give a file name")
+    if parent.exists() and not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: directory is not writable; choose another path")
+
+
+@app.command()
+def plan(
+    stack: StackOpt = "dev",
+    output: Annotated[
+        Output, typer.Option("--output", "-o", help="table for people, json for machines.")
+    ] = Output.table,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Also write the whole plan as JSON to this file.")
+    ] = None,
+    diagram_file: Annotated[
+        Path | None, typer.Option("--diagram", help="Draw the topology to this SVG file.")
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """Run the Pulumi program offline under the mock engine and show what it would create."""
+    from superkube import plan as planning
+
+    _check_writable(out_file, "--out")
+    _check_writable(diagram_file, "--diagram")
+    if diagram_file is not None and diagram_file.suffix.lower() != ".svg":
+        fail(f"--diagram {diagram_file}: the diagram is SVG; name the file *.svg")
+    try:
+        root = _project(project)
+        with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):
+            result = planning.run(root, stack)
+    except SpecError as exc:
+        fail(str(exc))
+    except planning.PlanError as exc:
+        fail(str(exc), code=1)
+    document = result.to_dict()
+    if out_file is not None:
+        _write_atomically(out_file, json.dumps(document, indent=2) + "\n")
+    if diagram_file is not None:
+        _write_atomically(diagram_file, diagram.render(document))
+    if output is Output.json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    _print_plan(result, document)
+    if out_file is not None:
+        out.print(f"plan written to {out_file}")
+    if diagram_file is not None:
+        out.print(f"diagram written to {diagram_file}")
+
+
+def _print_plan(result: object, document: dict[str, object]) -> None:
+    from superkube.plan import Plan
+
+    assert isinstance(result, Plan)
+    a = result.addresses
+    out.print(
+        f"[bold]superkube plan[/] stack [cyan]{result.stack}[/] (cluster {result.cluster}, {result.spec.region}): "
+        f"{len(result.resources)} resources in {result.seconds:.2f} s, no cloud calls"
+    )
+    counts = Table(title="Resources by type", title_justify="left")
+    counts.add_column("type")
+    counts.add_column("count", justify="right")
+    for type_, n in result.counts().items():
+        counts.add_row(type_, str(n))
+    out.print(counts)
+
+    topo = report.topology(result)
+    tree = Tree(f"[bold]hub[/] {topo['hub']['address_space']}")
+    tree.add(f"NAT host {topo['hub']['nat_host']} (IP forwarding, no public IP)")
+    for route in topo["hub"]["routes"]:
+        tree.add(f"route {route['prefix']} -> {route['next_hop']} in {route['table']}")
+    for name, space in topo["peered_spokes"].items():
+        tree.add(f"[dim]peered spoke {name} {space} (another cluster)[/]")
+    spoke = tree.add(f"[bold]spoke[/] {topo['spoke']['address_space']} (peered with the hub only)")
+    api = topo["spoke"]["apiservers"]
+    spoke.add(f"{len(api['members'])} API servers behind {api['load_balancer']}:6443")
+    spoke.add(
+        f"etcd main: {len(topo['spoke']['etcd_main'])} members; etcd events: {len(topo['spoke']['etcd_events'])} members"
+    )
+    for pool in topo["spoke"]["pools"]:
+        branch = spoke.add(
+            f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {pool['nodes']:,} nodes, {pool['gpus']:,} GPUs"
+        )
+        for s in pool["scale_sets"]:
+            branch.add(
+                f"{s['name']}: {s['capacity']:,} VMs, zones {','.join(s['zones'])}, subnet {s['subnet']}"
+            )
+    out.print("[bold]Topology[/]")
+    out.print(tree)
+
+    table = Table(title="Address plan", title_justify="left")
+    for col, just in [
+        ("vnet", "left"),
+        ("subnet", "left"),
+        ("cidr", "left"),
+        ("addresses", "right"),
+        ("usable", "right"),
+        ("NICs", "right"),
+        ("IPs/NIC", "right"),
+        ("IPs used", "right"),
+        ("fill", "right"),
+    ]:
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for row in report.address_rows(a):
+        table.add_row(
+            row["vnet"],
+            row["subnet"],
+            row["cidr"],
+            f"{row['addresses']:,}",
+            f"{row['usable']:,}",
+            f"{row['nics']:,}",
+            str(row["ips_per_nic"]),
+            f"{row['ips_used']:,}",
+            f"{100 * row['ips_used'] / row['usable']:.0f}%",
+        )
+    out.print(table)
+
+    limits = Table(title="Azure limits", title_justify="left")
+    for col in ("limit", "scope", "used", "max", "headroom", "source"):
+        limits.add_column(col, justify="right" if col in ("used", "max", "headroom") else "left")
+    for row in report.limit_rows(a):
+        source = f"override: {row['override_reason']}" if row["override_reason"] else "Azure default"
+        limits.add_row(
+            row["what"], row["scope"], f"{row['used']:,}", f"{row['max']:,}", f"{row['headroom']:,}", source
+        )
+    out.print(limits)
+
+    cap = report.capacity(a)
+    out.print(
+        f"[bold]Capacity[/]: {cap['nodes']:,} nodes ({cap['gpu_nodes']:,} GPU), {cap['gpus']:,} GPUs, "
+        f"{cap['pod_ips']:,} pod IPs, {cap['scale_sets']} scale sets, {cap['control_plane_vms']} control-plane VMs"
+    )
+
+
+@app.command("config-schema")
+def config_schema(
+    write: Annotated[bool, typer.Option("--write", help="Rewrite Pulumi.yaml from the spec.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 if Pulumi.yaml differs from the spec.")
+    ] = False,
+    project: ProjectOpt = None,
+) -> None:
+    """Print (or write, or check) Pulumi.yaml's config declarations, generated from the spec."""
+    from superkube import schema
+
+    text = schema.pulumi_yaml()
+    root = _project(project)
+    if write:
+        schema.write(root)
+        out.print(f"wrote {root / 'Pulumi.yaml'}")
+    elif check:
+        if (root / "Pulumi.yaml").read_text() != text:
+            fail(
+                "Pulumi.yaml is out of date with superkube.spec; run: superkube config-schema --write", code=1
+            )
+        out.print("Pulumi.yaml matches the spec")
+    else:
+        sys.stdout.write(text)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

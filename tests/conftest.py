@@ -1,0 +1,60 @@
+"""Shared fixtures: recorded plans of the shipped stacks, and throwaway stack files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from superkube import plan as planning
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBJI1OHlZdU7SzG8JI0+n2QKOCb3fDHb+d3054AnmLY3 superkube-example"
+)
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def dev_plan() -> planning.Plan:
+    return planning.run(ROOT, "dev")
+
+
+@pytest.fixture(scope="session")
+def flagship_plan() -> planning.Plan:
+    return planning.run(ROOT, "flagship")
+
+
+@pytest.fixture(params=["dev", "flagship"])
+def any_plan(
+    request: pytest.FixtureRequest, dev_plan: planning.Plan, flagship_plan: planning.Plan
+) -> planning.Plan:
+    return dev_plan if request.param == "dev" else flagship_plan
+
+
+def dev_config() -> dict[str, Any]:
+    """The dev stack's config mapping, to mutate in tests."""
+    return dict(yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())["config"])
+
+
+@pytest.fixture
+def write_stack(tmp_path: Path) -> Callable[..., Path]:
+    """Write a stack file (config keys without the superkube: prefix are namespaced for you)."""
+
+    def write(config: dict[str, Any], name: str = "test", raw: str | None = None) -> Path:
+        path = tmp_path / f"Pulumi.{name}.yaml"
+        if raw is not None:
+            path.write_text(raw)
+            return path
+        namespaced = {k if ":" in k else f"superkube:{k}": v for k, v in config.items()}
+        path.write_text(yaml.safe_dump({"config": namespaced}, sort_keys=False))
+        return path
+
+    return write

@@ -1,0 +1,251 @@
+"""Per component, on the real program recorded under the mock engine."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from superkube import cloudinit
+from superkube.plan import Plan, Resource
+
+VMSS = "azure-native:compute:VirtualMachineScaleSet"
+VM = "azure-native:compute:VirtualMachine"
+NIC = "azure-native:network:NetworkInterface"
+PEERING = "azure-native:network:VirtualNetworkPeering"
+VNET = "azure-native:network:VirtualNetwork"
+SUBNET = "azure-native:network:Subnet"
+REQUIRED_TAGS = {"cluster", "owner", "environment"}
+
+
+def parent_type(plan: Plan, r: Resource) -> str:
+    assert r.parent is not None, f"{r.name} has no parent"
+    if r.parent.endswith(f"pulumi:pulumi:Stack::superkube-{plan.stack}"):
+        return "pulumi:pulumi:Stack"
+    return plan.by_urn(r.parent).type
+
+
+def role_of(r: Resource) -> str:
+    return r.inputs["tags"]["superkube-role"]
+
+
+def test_every_resource_has_a_superkube_component_parent(any_plan: Plan) -> None:
+    for r in any_plan.resources:
+        expected_root = r.type == "superkube:cluster:Cluster"
+        if expected_root:
+            assert parent_type(any_plan, r) == "pulumi:pulumi:Stack"
+        else:
+            assert parent_type(any_plan, r).startswith("superkube:"), r.urn
+
+
+@pytest.mark.parametrize(
+    ("child", "parent"),
+    [
+        (VNET, {"superkube:network:Hub", "superkube:network:Spoke"}),
+        (SUBNET, {"superkube:network:Hub", "superkube:network:Spoke"}),
+        (PEERING, {"superkube:network:Spoke"}),
+        ("azure-native:network:Route", {"superkube:network:NatHost"}),
+        ("azure-native:network:LoadBalancer", {"superkube:control_plane:ApiServers"}),
+        (VMSS, {"superkube:compute:NodePool"}),
+        (VM, {"superkube:compute:Machine"}),
+        (NIC, {"superkube:compute:Machine"}),
+        (
+            "superkube:compute:Machine",
+            {
+                "superkube:network:NatHost",
+                "superkube:control_plane:ApiServers",
+                "superkube:control_plane:EtcdCluster",
+            },
+        ),
+    ],
+)
+def test_resource_types_live_in_their_component(any_plan: Plan, child: str, parent: set[str]) -> None:
+    resources = any_plan.of_type(child)
+    assert resources, f"no {child} recorded"
+    assert {parent_type(any_plan, r) for r in resources} <= parent
+
+
+def test_every_taggable_resource_has_the_required_tags(any_plan: Plan) -> None:
+    taggable = [
+        r
+        for r in any_plan.resources
+        if r.custom and r.type not in (SUBNET, PEERING, "azure-native:network:Route")
+    ]
+    assert len(taggable) > 20
+    for r in taggable:
+        tags = r.inputs.get("tags") or {}
+        assert REQUIRED_TAGS <= set(tags), f"{r.name} lacks {REQUIRED_TAGS - set(tags)}"
+        assert tags["cluster"] == any_plan.cluster
+
+
+def test_no_public_ip_anywhere(any_plan: Plan) -> None:
+    assert not any("PublicIP" in r.type for r in any_plan.resources)
+    for nic in any_plan.of_type(NIC):
+        for ipc in nic.inputs["ipConfigurations"]:
+            assert "publicIPAddress" not in ipc
+    for vmss in any_plan.of_type(VMSS):
+        for nic in vmss.inputs["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"]:
+            for ipc in nic["ipConfigurations"]:
+                assert "publicIPAddressConfiguration" not in ipc
+
+
+def test_ssh_keys_only(any_plan: Plan) -> None:
+    profiles = [r.inputs["osProfile"] for r in any_plan.of_type(VM)]
+    profiles += [r.inputs["virtualMachineProfile"]["osProfile"] for r in any_plan.of_type(VMSS)]
+    assert profiles
+    for p in profiles:
+        assert "adminPassword" not in p
+        linux = p["linuxConfiguration"]
+        assert linux["disablePasswordAuthentication"] is True
+        assert linux["ssh"]["publicKeys"][0]["keyData"] == any_plan.spec.ssh_public_key
+
+
+def test_ip_configurations_per_nic_are_pod_ips_plus_one(any_plan: Plan) -> None:
+    pools = {p.name: p for p in any_plan.spec.node_pools}
+    for vmss in any_plan.of_type(VMSS):
+        pool = pools[vmss.inputs["tags"]["superkube-pool"]]
+        nics = vmss.inputs["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"]
+        assert len(nics) == 1
+        ipcs = nics[0]["ipConfigurations"]
+        assert len(ipcs) == pool.pod_ips_per_node + 1
+        assert [c["primary"] for c in ipcs].count(True) == 1
+        assert len({c["subnet"]["id"] for c in ipcs}) == 1, "pod IPs share the node's subnet"
+        assert len({c["name"] for c in ipcs}) == len(ipcs)
+
+
+def test_pools_split_into_scale_sets_within_the_vm_limit(flagship_plan: Plan) -> None:
+    sets = flagship_plan.of_type(VMSS)
+    assert len(sets) > 7
+    gpu = [s for s in sets if s.inputs["tags"]["superkube-pool"] == "gpu"]
+    maxima = [int(s.inputs["tags"]["max"]) for s in gpu]
+    assert len(gpu) == 8 and sum(maxima) == 7_500 and max(maxima) <= 1_000
+    assert max(maxima) - min(maxima) <= 1, "balanced split"
+    for s in sets:
+        assert s.inputs["singlePlacementGroup"] is False
+        assert s.inputs["sku"]["capacity"] <= int(s.inputs["tags"]["max"])
+
+
+def test_autoscaler_tags_let_every_pool_scale_from_zero(any_plan: Plan) -> None:
+    for s in any_plan.of_type(VMSS):
+        tags = s.inputs["tags"]
+        assert tags["cluster-autoscaler-enabled"] == "true"
+        assert tags["cluster-autoscaler-name"] == any_plan.cluster
+        assert int(tags["min"]) <= int(tags["max"])
+        assert (
+            tags["k8s.io_cluster-autoscaler_node-template_label_superkube.io_pool"] == tags["superkube-pool"]
+        )
+        if role_of(s) == "gpu_nodes":
+            assert tags["min"] == "0"
+            assert (
+                tags["k8s.io_cluster-autoscaler_node-template_taint_superkube.io_preflight"]
+                == "pending:NoSchedule"
+            )
+            assert int(tags["k8s.io_cluster-autoscaler_node-template_resources_nvidia.com_gpu"]) >= 1
+
+
+def test_gpu_nodes_register_behind_the_preflight_taint_after_a_jitter(any_plan: Plan) -> None:
+    for s in any_plan.of_type(VMSS):
+        doc = cloudinit.decode(s.inputs["virtualMachineProfile"]["osProfile"]["customData"])
+        files = {f["path"]: f["content"] for f in doc["write_files"]}  # type: ignore[index]
+        kubelet = files["/etc/default/kubelet"]
+        join = files["/usr/local/sbin/superkube-join"]
+        assert f"shuf -i 0-{any_plan.spec.autoscaler_join_jitter_seconds} -n 1" in join
+        assert join.index("sleep") < join.index("systemctl enable --now kubelet")
+        if role_of(s) == "gpu_nodes":
+            assert "--register-with-taints=superkube.io/preflight=pending:NoSchedule" in kubelet
+            assert "superkube.io/preflight=pending" in kubelet.split("--node-labels=")[1]
+        else:
+            assert "preflight" not in kubelet
+
+
+def test_peering_only_between_hub_and_spoke(any_plan: Plan) -> None:
+    peerings = any_plan.of_type(PEERING)
+    hub = f"vnet-{any_plan.cluster}-hub"
+    spoke = f"vnet-{any_plan.cluster}"
+    pairs = {
+        (p.inputs["virtualNetworkName"], p.inputs["remoteVirtualNetwork"]["id"].rsplit("/", 1)[1])
+        for p in peerings
+    }
+    assert pairs == {(hub, spoke), (spoke, hub)}
+    for p in peerings:
+        assert p.inputs["allowForwardedTraffic"] is True
+        assert p.inputs["useRemoteGateways"] is False
+
+
+def test_service_cidr_route_goes_via_the_nat_host(any_plan: Plan) -> None:
+    (route,) = any_plan.of_type("azure-native:network:Route")
+    nat_vm = [v for v in any_plan.of_type(VM) if role_of(v) == "nat_host"]
+    (nat_nic,) = [n for n in any_plan.of_type(NIC) if role_of(n) == "nat_host"]
+    assert len(nat_vm) == 1
+    nat_ip = nat_nic.inputs["ipConfigurations"][0]["privateIPAddress"]
+    assert route.inputs["addressPrefix"] == any_plan.spec.service_cidr
+    assert route.inputs["nextHopType"] == "VirtualAppliance"
+    assert route.inputs["nextHopIpAddress"] == nat_ip
+    assert nat_nic.inputs["enableIPForwarding"] is True
+    # the route's table is the one on the hub's shared subnet
+    (table,) = any_plan.of_type("azure-native:network:RouteTable")
+    shared = next(
+        s
+        for s in any_plan.of_type(SUBNET)
+        if s.inputs["subnetName"] == "shared" and "hub" in s.inputs["virtualNetworkName"]
+    )
+    assert shared.inputs["routeTable"]["id"].endswith(f"/routeTables/{table.inputs['routeTableName']}")
+    assert route.inputs["routeTableName"] == table.inputs["routeTableName"]
+    # and the NAT host sits in the hub
+    nat_subnet = nat_nic.inputs["ipConfigurations"][0]["subnet"]["id"]
+    assert f"/virtualNetworks/vnet-{any_plan.cluster}-hub/subnets/nat" in nat_subnet
+
+
+def test_five_api_servers_behind_an_internal_load_balancer(flagship_plan: Plan) -> None:
+    apis = [v for v in flagship_plan.of_type(VM) if role_of(v) == "apiservers"]
+    assert len(apis) == 5
+    (lb,) = flagship_plan.of_type("azure-native:network:LoadBalancer")
+    frontend = lb.inputs["frontendIPConfigurations"][0]
+    assert "publicIPAddress" not in frontend and frontend["privateIPAddress"]
+    rule = lb.inputs["loadBalancingRules"][0]
+    assert (rule["frontendPort"], rule["backendPort"]) == (6443, 6443)
+    pool_id = rule["backendAddressPool"]["id"]
+    api_nics = [n for n in flagship_plan.of_type(NIC) if role_of(n) == "apiservers"]
+    assert len(api_nics) == 5
+    for nic in api_nics:
+        assert nic.inputs["ipConfigurations"][0]["loadBalancerBackendAddressPools"][0]["id"] == pool_id
+
+
+def test_etcd_main_and_events_are_separate_vms_with_premium_data_disks(any_plan: Plan) -> None:
+    main = [v for v in any_plan.of_type(VM) if role_of(v) == "etcd_main"]
+    events = [v for v in any_plan.of_type(VM) if role_of(v) == "etcd_events"]
+    assert len(main) == any_plan.spec.etcd_main_count and len(events) == any_plan.spec.etcd_events_count
+    assert not {v.inputs["vmName"] for v in main} & {v.inputs["vmName"] for v in events}
+    for v in main + events:
+        (disk,) = v.inputs["storageProfile"]["dataDisks"]
+        assert disk["managedDisk"]["storageAccountType"] in (
+            "Premium_LRS",
+            "PremiumV2_LRS",
+            "UltraSSD_LRS",
+            "Premium_ZRS",
+        )
+        assert disk["lun"] == 0
+    # each store has its own subnet, and the override names every events member
+    nic_subnet = {
+        n.inputs["networkInterfaceName"].removeprefix("nic-"): n.inputs["ipConfigurations"][0]
+        for n in any_plan.of_type(NIC)
+    }
+    main_nets = {nic_subnet[v.inputs["vmName"]]["subnet"]["id"] for v in main}
+    event_nets = {nic_subnet[v.inputs["vmName"]]["subnet"]["id"] for v in events}
+    assert len(main_nets) == len(event_nets) == 1 and main_nets != event_nets
+    override = any_plan.outputs["etcd_servers_overrides"]
+    assert override.startswith("/events#")
+    urls = override.removeprefix("/events#").split(";")
+    assert sorted(urls) == sorted(
+        f"https://{nic_subnet[v.inputs['vmName']]['privateIPAddress']}:2379" for v in events
+    )
+
+
+def test_control_plane_never_on_gpu_sizes_and_nodes_only_in_the_spoke(any_plan: Plan) -> None:
+    gpu_sizes = {p.vm_size for p in any_plan.spec.node_pools if p.role == "gpu"}
+    for v in any_plan.of_type(VM):
+        assert v.inputs["hardwareProfile"]["vmSize"] not in gpu_sizes
+    spoke = ipaddress.IPv4Network(any_plan.spec.spoke_address_space)
+    for n in any_plan.of_type(NIC):
+        ip = ipaddress.IPv4Address(n.inputs["ipConfigurations"][0]["privateIPAddress"])
+        assert (ip in spoke) == (role_of(n) != "nat_host")

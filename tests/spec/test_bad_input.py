@@ -1,0 +1,206 @@
+"""Malformed specs: one line naming the key and the fix, exit 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from superkube.cli import app
+from tests.conftest import dev_config
+
+DEV_POOLS = yaml.safe_load(dev_config()["superkube:node_pools"])
+
+
+def pools(**changes: Any) -> str:
+    """The dev node pools with the first pool changed."""
+    first = {**DEV_POOLS[0], **changes}
+    return yaml.safe_dump([first, *DEV_POOLS[1:]], sort_keys=False)
+
+
+def big_gpu_pool(nodes: int, pod_ips: int) -> str:
+    return pools(nodes=nodes, pod_ips_per_node=pod_ips)
+
+
+CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    # (case id, config changes, key named in the message, a word of the problem)
+    (
+        "overlapping-vnets",
+        {"spoke_address_space": "10.0.0.0/16"},
+        "superkube:spoke_address_space",
+        "overlaps",
+    ),
+    ("service-cidr-overlaps-spoke", {"service_cidr": "10.64.0.0/16"}, "superkube:service_cidr", "overlaps"),
+    ("even-etcd", {"etcd_main_count": 4}, "superkube:etcd_main_count", "odd"),
+    ("one-events-member", {"etcd_events_count": 1}, "superkube:etcd_events_count", "at least 3"),
+    ("four-apiservers", {"apiserver_count": 4}, "superkube:apiserver_count", "odd"),
+    (
+        "300-pod-ips",
+        {"node_pools": pools(pod_ips_per_node=300)},
+        "superkube:node_pools[0].pod_ips_per_node",
+        "256",
+    ),
+    ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
+    (
+        "unknown-pool-key",
+        {"node_pools": pools(gpu_count=8)},
+        "superkube:node_pools[0].gpu_count",
+        "unknown key",
+    ),
+    ("int-as-word", {"apiserver_count": "five"}, "superkube:apiserver_count", "integer"),
+    ("bool-as-word", {"autoscaler_enabled": "maybe"}, "superkube:autoscaler_enabled", "boolean"),
+    (
+        "vnet-over-ip-limit",
+        {"spoke_address_space": "10.64.0.0/12", "node_pools": big_gpu_pool(7_500, 26)},
+        "superkube:node_pools[0].pod_ips_per_node",
+        "65,536",
+    ),
+    (
+        "peered-group-over-limit",
+        {
+            "spoke_address_space": "10.64.0.0/12",
+            "node_pools": big_gpu_pool(7_500, 17),
+            "limit_overrides": "vnet_private_ips: {value: 200000, reason: 'raised by support ticket 1234'}\n",
+        },
+        "superkube:node_pools[0].pod_ips_per_node",
+        "128,000",
+    ),
+    (
+        "override-without-reason",
+        {"limit_overrides": "vmss_vms: {value: 2000}\n"},
+        "superkube:limit_overrides.vmss_vms.reason",
+        "required",
+    ),
+    (
+        "override-unknown-limit",
+        {"limit_overrides": "vms_per_set: {value: 2000, reason: 'a long enough reason'}\n"},
+        "superkube:limit_overrides.vms_per_set",
+        "not allowed",
+    ),
+    ("cidr-host-bits", {"hub_address_space": "10.0.0.1/24"}, "superkube:hub_address_space", "host bits"),
+    ("public-range", {"spoke_address_space": "8.8.0.0/16"}, "superkube:spoke_address_space", "private"),
+    ("pools-as-structure", {"node_pools": DEV_POOLS}, "superkube:node_pools", "string"),
+    ("pools-bad-yaml", {"node_pools": "- name: gpu\n  role: [gpu\n"}, "superkube:node_pools", "YAML"),
+    (
+        "gpu-pool-without-gpus",
+        {"node_pools": pools(gpus_per_node=0)},
+        "superkube:node_pools[0]",
+        "gpus_per_node",
+    ),
+    (
+        "cpu-pool-with-gpus",
+        {"node_pools": yaml.safe_dump([DEV_POOLS[0], {**DEV_POOLS[1], "gpus_per_node": 8}])},
+        "superkube:node_pools[1]",
+        "gpus_per_node",
+    ),
+    (
+        "duplicate-pool-names",
+        {"node_pools": yaml.safe_dump([DEV_POOLS[0], {**DEV_POOLS[1], "name": "gpu"}])},
+        "superkube:node_pools[1].name",
+        "twice",
+    ),
+    ("no-gpu-pool", {"node_pools": yaml.safe_dump([DEV_POOLS[1]])}, "superkube:node_pools", "no gpu pool"),
+    ("empty-ssh-key", {"ssh_public_key": ""}, "superkube:ssh_public_key", "empty"),
+    ("password-not-key", {"ssh_public_key": "hunter2"}, "superkube:ssh_public_key", "OpenSSH"),
+    ("standard-etcd-disk", {"etcd_disk_sku": "Standard_LRS"}, "superkube:etcd_disk_sku", "premium"),
+    (
+        "spoke-too-small",
+        {"spoke_address_space": "10.64.0.0/26"},
+        "superkube:spoke_address_space",
+        "cannot hold",
+    ),
+    ("zone-4", {"node_pools": pools(zones=["4"])}, "superkube:node_pools[0].zones[0]", "'1'"),
+    ("bad-taint", {"node_pools": pools(taints=["gpu=true"])}, "superkube:node_pools[0].taints", "taint"),
+    ("bad-cluster-name", {"cluster_name": "Bad_Name"}, "superkube:cluster_name", "cluster name"),
+    ("min-over-max", {"node_pools": pools(min_nodes=10)}, "superkube:node_pools[0]", "min_nodes"),
+    ("pool-name-uppercase", {"node_pools": pools(name="GPU")}, "superkube:node_pools[0].name", "pool name"),
+    (
+        "peer-overlaps-spoke",
+        {"peered_spokes": "other: {address_space: 10.64.0.0/16, ips: 10}\n"},
+        "superkube:peered_spokes.other.address_space",
+        "overlaps",
+    ),
+    ("region-with-space", {"region": "East US"}, "superkube:region", "pattern"),
+    ("zones-not-a-list", {"control_plane_zones": "1"}, "superkube:control_plane_zones", "list"),
+    (
+        "negative-nodes",
+        {"node_pools": pools(nodes=-3)},
+        "superkube:node_pools[0].nodes",
+        "greater than or equal",
+    ),
+    ("vm-size-format", {"etcd_vm_size": "E8s"}, "superkube:etcd_vm_size", "pattern"),
+]
+
+
+def run_cli(args: list[str]) -> Any:
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize(("changes", "key", "word"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_spec_gives_one_line_naming_the_key(
+    changes: dict[str, Any], key: str, word: str, write_stack: Callable[..., Path], tmp_path: Path
+) -> None:
+    config = {**dev_config(), **{f"superkube:{k}": v for k, v in changes.items()}}
+    stack = write_stack(config)
+    out_json, svg = tmp_path / "plan.json", tmp_path / "topology.svg"
+    result = run_cli(["plan", "--stack", str(stack), "--out", str(out_json), "--diagram", str(svg)])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1, lines
+    assert f"{key}:" in lines[0] or f"{key} " in lines[0], lines[0]
+    assert word.lower() in lines[0].lower(), lines[0]
+    assert "; " in lines[0], "the line says how to fix it"
+    assert "Traceback" not in result.output
+    assert result.stdout == ""
+    assert not out_json.exists() and not svg.exists()
+
+
+def test_there_are_at_least_25_cases() -> None:
+    assert len(CASES) >= 25
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(
+    ("raw", "word"),
+    [
+        ("config: [1, 2]\n", "config: mapping"),
+        ("config:\n  superkube:region: [eastus\n", "not valid YAML"),
+        ("region: eastus\n", "unknown top-level key"),
+    ],
+)
+def test_broken_stack_files(raw: str, word: str, write_stack: Callable[..., Path]) -> None:
+    result = run_cli(["plan", "--stack", str(write_stack({}, raw=raw))])
+    assert result.exit_code == 2
+    assert word in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_stack_lists_the_known_ones() -> None:
+    result = run_cli(["plan", "--stack", "nosuch"])
+    assert result.exit_code == 2
+    assert "dev" in result.stderr and "flagship" in result.stderr
+
+
+def test_a_real_process_exits_2_without_traceback(write_stack: Callable[..., Path], tmp_path: Path) -> None:
+    stack = write_stack({**dev_config(), "superkube:etcd_main_count": 2})
+    svg = tmp_path / "t.svg"
+    proc = subprocess.run(
+        [sys.executable, "-m", "superkube.cli", "plan", "--stack", str(stack), "--diagram", str(svg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "superkube:etcd_main_count: must be odd (got 2)" in proc.stderr
+    assert not svg.exists()
+
+
+def test_diagram_must_be_svg(tmp_path: Path) -> None:
+    result = run_cli(["plan", "--diagram", str(tmp_path / "t.png")])
+    assert result.exit_code == 2 and "SVG" in result.stderr

@@ -1,0 +1,47 @@
+"""The spec's defaults, Pulumi.yaml kept in step with it, and the stack loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from superkube import schema
+from superkube.plan import read_stack_config
+from superkube.spec import CONFIG_KEYS, ClusterSpec
+
+
+def test_pulumi_yaml_is_generated_from_the_spec(root: Path) -> None:
+    assert (root / "Pulumi.yaml").read_text() == schema.pulumi_yaml(), "run: superkube config-schema --write"
+
+
+def test_every_key_is_declared_with_a_type_description_and_default(root: Path) -> None:
+    project = yaml.safe_load((root / "Pulumi.yaml").read_text())
+    assert project["name"] == "superkube" and project["stackConfigDir"] == "stacks"
+    declared = project["config"]
+    assert list(declared) == list(CONFIG_KEYS)
+    for key, decl in declared.items():
+        assert decl["type"] in ("string", "integer", "boolean", "array"), key
+        assert decl["description"] and "default" in decl, key
+        if decl["type"] == "array":
+            assert decl["items"] == {"type": "string"}
+
+
+def test_shipped_stacks_use_only_declared_keys(root: Path) -> None:
+    declared = set(yaml.safe_load((root / "Pulumi.yaml").read_text())["config"])
+    for path in (root / "stacks").glob("Pulumi.*.yaml"):
+        keys = yaml.safe_load(path.read_text())["config"]
+        for key in keys:
+            namespace, _, name = key.partition(":")
+            assert namespace == "superkube" and name in declared, f"{path.name}: {key}"
+
+
+def test_defaults_from_pulumi_yaml_fill_what_a_stack_leaves_out(root: Path, tmp_path: Path) -> None:
+    stack = tmp_path / "Pulumi.min.yaml"
+    stack.write_text("config:\n  superkube:ssh_public_key: ssh-ed25519 " + "A" * 68 + "\n")
+    config = read_stack_config(root, str(stack))
+    assert config["superkube:etcd_main_count"] == "5"  # integers reach the program as strings
+    assert config["superkube:autoscaler_enabled"] == "true"
+    assert config["superkube:control_plane_zones"] == '["1", "2", "3"]'
+    parsed = ClusterSpec.model_validate({k.partition(":")[2]: v for k, v in config.items()})
+    assert parsed.etcd_main_count == 5 and parsed.node_pools[0].role == "gpu"
