@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import tempfile
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -31,7 +31,7 @@ err = Console(stderr=True, soft_wrap=True)
 USER_ERROR = 2
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     table = "table"
     json = "json"
 

@@ -100,4 +100,4 @@ def decode(custom_data: str) -> dict[str, object]:
     text = base64.b64decode(custom_data).decode()
     if not text.startswith("#cloud-config\n"):
         raise ValueError("custom data is not a #cloud-config document")
-    return yaml.safe_load(text)  # type: ignore[no-any-return]
+    return yaml.safe_load(text)

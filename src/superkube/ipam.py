@@ -136,7 +136,7 @@ def split_pool(total: int, per_set: int) -> list[int]:
 def _limits(spec: ClusterSpec) -> dict[str, Limit]:
     out = {}
     for name, (default, what) in AZURE_LIMITS.items():
-        override = spec.limit_overrides.get(name)  # type: ignore[call-overload]
+        override = spec.limit_overrides.get(name)
         out[name] = Limit(
             name=name,
             value=override.value if override else default,

@@ -401,7 +401,11 @@ def run(project: Path, stack: str) -> Plan:
             monitor = _RecordingMonitor(mocks)
             pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=name, preview=False, monitor=monitor)
             pulumi_stack.register_stack_transformation(_without_version_aliases)
-            _sync_await(pulumi_stack.run_pulumi_func(lambda: runpy.run_path(str(main), run_name="__main__")))
+
+            def program() -> None:
+                runpy.run_path(str(main), run_name="__main__")
+
+            _sync_await(pulumi_stack.run_pulumi_func(program))
             root = settings.get_root_resource()
             exported = getattr(root, "outputs", {}) or {}
             outputs = _sync_await(pulumi.Output.from_input(exported).future()) or {}

@@ -250,7 +250,7 @@ class ClusterSpec(_Model):
         min_length=1,
         description="YAML list of node pools: name, role, vm_size, nodes, gpus_per_node, pod_ips_per_node, zones, ...",
         validate_default=True,
-    )  # type: ignore[assignment]
+    )
     apiserver_count: int = Field(
         default=5,
         ge=1,
@@ -396,10 +396,6 @@ class ClusterSpec(_Model):
 
     def name(self, stack: str) -> str:
         return self.cluster_name or stack
-
-    def limit(self, name: str, default: int) -> int:
-        override = self.limit_overrides.get(name)  # type: ignore[call-overload]
-        return override.value if override else default
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)

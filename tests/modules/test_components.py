@@ -74,7 +74,7 @@ def test_every_taggable_resource_has_the_required_tags(any_plan: Plan) -> None:
     assert len(taggable) > 20
     for r in taggable:
         tags = r.inputs.get("tags") or {}
-        assert REQUIRED_TAGS <= set(tags), f"{r.name} lacks {REQUIRED_TAGS - set(tags)}"
+        assert set(tags) >= REQUIRED_TAGS, f"{r.name} lacks {REQUIRED_TAGS - set(tags)}"
         assert tags["cluster"] == any_plan.cluster
 
 

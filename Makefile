@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine:
+#   make plan   installs superkube and plans the built-in default stack (dev) offline
+#   make test   installs everything the tests need and runs every test
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STACK ?= dev
+
+.PHONY: plan test lint install install-test bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -c constraints.txt -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+
+plan: install
+	$(BIN)/superkube plan --stack $(STACK)
+
+lint: install-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/superkube config-schema --check
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: install-test
+	$(BIN)/python bench/plan.py

@@ -1,0 +1,101 @@
+"""Plan time and resource count at 75, 750 and 7,500 GPU nodes; cold CLI time for the flagship.
+
+Run: .venv/bin/python bench/plan.py   (prints a table; writes bench/results/plan.json)
+Targets: the flagship plans in under 3 s here; resources grow far slower than nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+from superkube import plan as planning  # noqa: E402
+
+SIZES = (75, 750, 7_500)
+REPEATS = 5
+
+
+def stack_for(nodes: int, directory: Path) -> Path:
+    """The flagship stack with its GPU pool resized to `nodes` (everything else unchanged)."""
+    data = yaml.safe_load((ROOT / "stacks" / "Pulumi.flagship.yaml").read_text())
+    pools = yaml.safe_load(data["config"]["superkube:node_pools"])
+    pools[0]["nodes"] = nodes
+    data["config"]["superkube:node_pools"] = yaml.safe_dump(pools, sort_keys=False)
+    path = directory / f"Pulumi.bench{nodes}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def main() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        planning.run(ROOT, "dev")  # imports and first-run costs, paid once like any long-lived process
+        for nodes in SIZES:
+            path = stack_for(nodes, Path(tmp))
+            times, result = [], None
+            for _ in range(REPEATS):
+                started = time.perf_counter()
+                result = planning.run(ROOT, str(path))
+                times.append(time.perf_counter() - started)
+            assert result is not None
+            rows.append(
+                {
+                    "gpu_nodes": nodes,
+                    "nodes": result.addresses.capacity["nodes"],
+                    "scale_sets": result.addresses.capacity["scale_sets"],
+                    "resources": len(result.resources),
+                    "plan_s_median": statistics.median(times),
+                    "plan_s_max": max(times),
+                }
+            )
+    cold = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "superkube.cli", "plan", "--stack", "flagship", "--output", "json"],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
+        cold.append(time.perf_counter() - started)
+    small, big = rows[0], rows[-1]
+    summary = {
+        "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
+        "rows": rows,
+        "flagship_cold_cli_s_median": statistics.median(cold),
+        "node_growth": big["gpu_nodes"] / small["gpu_nodes"],
+        "resource_growth": big["resources"] / small["resources"],
+        "time_growth": big["plan_s_median"] / small["plan_s_median"],
+    }
+    print(
+        f"{'GPU nodes':>10} {'nodes':>7} {'scale sets':>10} {'resources':>9} {'plan s (median of 5)':>21} {'max s':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r['gpu_nodes']:>10,} {r['nodes']:>7,} {r['scale_sets']:>10} {r['resources']:>9} {r['plan_s_median']:>21.3f} {r['plan_s_max']:>7.3f}"
+        )
+    print(
+        f"flagship, whole `superkube plan` process (imports included), median of 3: {summary['flagship_cold_cli_s_median']:.2f} s (target < 3 s)"
+    )
+    print(
+        f"75 -> 7,500 GPU nodes: nodes x{summary['node_growth']:.0f}, resources x{summary['resource_growth']:.2f}, "
+        f"plan time x{summary['time_growth']:.2f}"
+    )
+    out = ROOT / "bench" / "results" / "plan.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""`superkube plan` outputs: JSON for machines, a saved plan, an SVG, the config schema check."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from superkube.cli import app
+
+
+def test_plan_json_has_every_resource_with_type_name_inputs_parent_and_dependencies() -> None:
+    result = CliRunner().invoke(app, ["plan", "--stack", "dev", "--output", "json"])
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["format"] == "superkube-plan/1" and doc["stack"] == "dev"
+    urns = {r["urn"] for r in doc["resources"]}
+    assert sum(doc["resource_counts"].values()) == len(doc["resources"]) > 40
+    for r in doc["resources"]:
+        assert {"type", "name", "inputs", "parent", "dependencies"} <= set(r)
+        assert r["parent"] in urns or r["type"] == "superkube:cluster:Cluster"
+        assert set(r["dependencies"]) <= urns
+    deps = [r for r in doc["resources"] if r["type"] == "azure-native:network:Subnet"]
+    assert all(any("VirtualNetwork::" in d for d in r["dependencies"]) for r in deps)
+    assert {row["subnet"] for row in doc["address_plan"]["subnets"]} >= {
+        "nat",
+        "shared",
+        "apiservers",
+        "gpu-0",
+        "cpu-0",
+    }
+
+
+def test_plan_out_and_diagram_files(tmp_path: Path) -> None:
+    out, svg = tmp_path / "plans" / "flagship.json", tmp_path / "flagship.svg"
+    result = CliRunner().invoke(app, ["plan", "-s", "flagship", "--out", str(out), "--diagram", str(svg)])
+    assert result.exit_code == 0, result.stderr
+    assert (
+        "vmss-flagship-gpu-7" in result.stdout
+        and "63,984" in result.stdout
+        and "60,000 GPUs" in result.stdout
+    )
+    doc = json.loads(out.read_text())
+    assert doc["capacity"]["scale_sets"] == 9
+    root = ET.fromstring(svg.read_text())
+    texts = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "vmss-flagship-gpu-0" in texts and "NAT host" in texts and "10.128.0.0/16 -> 10.0.1.4" in texts
+
+
+def test_config_schema_check_passes_on_the_checkout() -> None:
+    result = CliRunner().invoke(app, ["config-schema", "--check"])
+    assert result.exit_code == 0 and "matches" in result.stdout
+
+
+def test_config_schema_check_fails_when_stale(tmp_path: Path, root: Path) -> None:
+    (tmp_path / "Pulumi.yaml").write_text(
+        (root / "Pulumi.yaml").read_text().replace("default: 300", "default: 301")
+    )
+    result = CliRunner().invoke(app, ["config-schema", "--check", "--project", str(tmp_path)])
+    assert result.exit_code == 1 and "out of date" in result.stderr
