@@ -123,7 +123,12 @@ class NodePool(pulumi.ComponentResource):
                 }
                 for i in range(1, pool.pod_ips_per_node + 1)
             ]
-            tags = tagged(args.tags, superkube_role=f"{pool.role}_nodes", superkube_pool=pool.name)
+            tags = tagged(
+                args.tags,
+                superkube_role=f"{pool.role}_nodes",
+                superkube_pool=pool.name,
+                superkube_pod_ips=str(pool.pod_ips_per_node),
+            )
             if args.autoscaler:
                 tags.update(autoscaler_tags(args.cluster, pool, plan.capacity, labels, taints))
             self.scale_sets.append(

@@ -145,6 +145,15 @@ class LimitOverride(_Model):
     )
 
 
+class PolicyOverride(_Model):
+    """A stack's decision to relax one policy rule, with the reason reviewers will see."""
+
+    enforcement: Literal["advisory", "disabled"]
+    reason: str = Field(
+        min_length=10, description="Why this cluster may relax the rule; shown in every report."
+    )
+
+
 LimitName = Literal[
     "vnet_private_ips",
     "peered_group_private_ips",
@@ -306,6 +315,10 @@ class ClusterSpec(_Model):
         default_factory=dict,
         description="YAML mapping: Azure limit name -> {value, reason}, for quota raised by Azure support.",
     )
+    policy_overrides: dict[str, PolicyOverride] = Field(
+        default_factory=dict,
+        description="YAML mapping: policy rule -> {enforcement: advisory|disabled, reason}, shown in every check report.",
+    )
 
     @field_validator("node_pools", mode="before")
     @classmethod
@@ -318,7 +331,7 @@ class ClusterSpec(_Model):
         items = _yaml_doc("", v, list)
         return [str(z) for z in items] if isinstance(items, list) else items
 
-    @field_validator("peered_spokes", "limit_overrides", mode="before")
+    @field_validator("peered_spokes", "limit_overrides", "policy_overrides", mode="before")
     @classmethod
     def _mapping_yaml(cls, v: Any) -> Any:
         return _yaml_doc("", v, dict)
@@ -399,7 +412,7 @@ class ClusterSpec(_Model):
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)
-YAML_KEYS = frozenset({"node_pools", "peered_spokes", "limit_overrides"})
+YAML_KEYS = frozenset({"node_pools", "peered_spokes", "limit_overrides", "policy_overrides"})
 ARRAY_KEYS = frozenset({"control_plane_zones"})
 
 
@@ -445,6 +458,8 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
         model = PeeredSpoke
     elif loc and loc[0] == "limit_overrides":
         model = LimitOverride
+    elif loc and loc[0] == "policy_overrides":
+        model = PolicyOverride
     return list(model.model_fields)
 
 

@@ -1,0 +1,5 @@
+"""Every rule, in report order. Importing this never starts a policy server."""
+
+from policies.rules import compute, hygiene, network, topology
+
+ALL_RULES = [*topology.RULES, *network.RULES, *compute.RULES, *hygiene.RULES]

@@ -1,0 +1,171 @@
+"""Compute: SSH-only login, scale-set limits, the preflight taint, autoscaler discovery, etcd disks."""
+
+from __future__ import annotations
+
+import binascii
+import shlex
+from collections.abc import Iterator
+
+import yaml
+
+from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
+
+VM = "azure-native:compute:VirtualMachine"
+VMSS = "azure-native:compute:VirtualMachineScaleSet"
+PREFLIGHT = "superkube.io/preflight"
+TEMPLATE = "k8s.io_cluster-autoscaler_node-template"
+ETCD_DISKS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
+
+
+def _os_profile(r: PlanResource) -> dict:
+    if r.type == VMSS:
+        return (r.props.get("virtualMachineProfile") or {}).get("osProfile") or {}
+    return r.props.get("osProfile") or {}
+
+
+def _cloud_init_files(vmss: PlanResource) -> dict[str, str] | None:
+    from superkube.cloudinit import decode
+
+    data = _os_profile(vmss).get("customData")
+    if not data:
+        return None
+    try:
+        doc = decode(data)
+    except (ValueError, binascii.Error, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return {f.get("path", ""): f.get("content", "") for f in doc.get("write_files") or []}  # type: ignore[union-attr]
+
+
+def _no_password_login(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for r in view.of_type(VM) + view.of_type(VMSS):
+        profile = _os_profile(r)
+        linux = profile.get("linuxConfiguration") or {}
+        if profile.get("adminPassword"):
+            yield Finding("an admin password is set", r.urn)
+        if linux.get("disablePasswordAuthentication") is not True:
+            yield Finding("password authentication is not disabled", r.urn)
+        if not (linux.get("ssh") or {}).get("publicKeys"):
+            yield Finding("no SSH public key for the admin user", r.urn)
+
+
+def _vmss_vm_limit(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    limit = config.limits["vmss_vms"]
+    for s in view.of_type(VMSS):
+        most = max(int(s.tags.get("max", 0) or 0), int((s.props.get("sku") or {}).get("capacity", 0) or 0))
+        if most > limit:
+            yield Finding(f"scale set may hold {most:,} VMs > {limit:,}", s.urn)
+
+
+def _kubelet_flag(kubelet_env: str, flag: str) -> list[str]:
+    """Values of one comma-separated kubelet flag in /etc/default/kubelet's KUBELET_EXTRA_ARGS."""
+    _, _, value = kubelet_env.partition("KUBELET_EXTRA_ARGS=")
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return []
+    args = [a for w in words for a in w.split()]
+    return [v for a in args if a.startswith(f"{flag}=") for v in a.partition("=")[2].split(",")]
+
+
+def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for s in view.with_role(VMSS, "gpu_nodes"):
+        kubelet = (_cloud_init_files(s) or {}).get("/etc/default/kubelet", "")
+        if f"{PREFLIGHT}=pending:NoSchedule" not in _kubelet_flag(kubelet, "--register-with-taints"):
+            yield Finding("GPU nodes register without the preflight taint", s.urn)
+        if f"{PREFLIGHT}=pending" not in _kubelet_flag(kubelet, "--node-labels"):
+            yield Finding("GPU nodes register without the preflight label", s.urn)
+        if s.tags.get(f"{TEMPLATE}_taint_{PREFLIGHT.replace('/', '_')}") != "pending:NoSchedule":
+            yield Finding(
+                "the autoscaler's node template lacks the preflight taint, so it would plan pods onto new nodes",
+                s.urn,
+            )
+
+
+def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for s in view.of_type(VMSS):
+        tags = s.tags
+        if tags.get("cluster-autoscaler-enabled") != "true":
+            yield Finding("scale set is not tagged cluster-autoscaler-enabled=true", s.urn)
+        if config.cluster and tags.get("cluster-autoscaler-name") != config.cluster:
+            yield Finding(
+                f"cluster-autoscaler-name is {tags.get('cluster-autoscaler-name')!r}, not {config.cluster!r}",
+                s.urn,
+            )
+        lo, hi = tags.get("min", ""), tags.get("max", "")
+        if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
+            yield Finding(f"min/max tags are {lo!r}/{hi!r}; both must be counts with min <= max", s.urn)
+        if f"{TEMPLATE}_label_superkube.io_pool" not in tags:
+            yield Finding(
+                "no node-template label tags, so the autoscaler cannot scale this set from zero", s.urn
+            )
+        if s.role == "gpu_nodes" and not tags.get(f"{TEMPLATE}_resources_nvidia.com_gpu", "").isdigit():
+            yield Finding("GPU scale set does not declare its GPUs in the node template", s.urn)
+
+
+def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for vm in view.with_role(VM, "etcd_main") + view.with_role(VM, "etcd_events"):
+        disks = (vm.props.get("storageProfile") or {}).get("dataDisks") or []
+        if not disks:
+            yield Finding("etcd member has no data disk for its data dir", vm.urn)
+        for d in disks:
+            sku = (d.get("managedDisk") or {}).get("storageAccountType")
+            if sku not in ETCD_DISKS:
+                yield Finding(f"etcd data disk is {sku}, not premium or ultra", vm.urn)
+
+
+def _join_jitter(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for s in view.of_type(VMSS):
+        join = (_cloud_init_files(s) or {}).get("/usr/local/sbin/superkube-join", "")
+        if (
+            "shuf -i 0-" not in join
+            or "shuf -i 0-0 " in join
+            or join.find("sleep") > join.find("systemctl enable --now kubelet")
+        ):
+            yield Finding("new nodes start their kubelet without a random join delay", s.urn)
+
+
+RULES = [
+    Rule(
+        "compute-vm-no-password-login",
+        "critical",
+        "Every VM and scale set logs in by SSH key only.",
+        "Keep linuxConfiguration.disablePasswordAuthentication true and set superkube:ssh_public_key.",
+        _no_password_login,
+    ),
+    Rule(
+        "compute-vmss-vm-limit",
+        "high",
+        "No scale set may hold more VMs than Azure's per-scale-set limit.",
+        "Let the address plan split the pool (it does so automatically), or raise vmss_vms with a reason.",
+        _vmss_vm_limit,
+    ),
+    Rule(
+        "compute-vmss-preflight-taint",
+        "high",
+        "GPU nodes register behind the preflight taint and label, and the autoscaler knows it.",
+        "Keep NodePool's cloud-init and node-template tags for gpu pools; preflight tests lift the taint.",
+        _preflight_taint,
+    ),
+    Rule(
+        "compute-vmss-autoscaler-tags",
+        "medium",
+        "Every scale set carries cluster-autoscaler discovery, min/max and node-template tags.",
+        "Set superkube:autoscaler_enabled true; NodePool writes the tags.",
+        _autoscaler_tags,
+    ),
+    Rule(
+        "compute-disk-etcd-premium",
+        "high",
+        "Every etcd member keeps its data on a premium or ultra data disk.",
+        "Set superkube:etcd_disk_sku to Premium_LRS, PremiumV2_LRS, Premium_ZRS or UltraSSD_LRS.",
+        _etcd_premium_disk,
+    ),
+    Rule(
+        "compute-vmss-join-jitter",
+        "medium",
+        "New nodes wait a random delay before registering, so hundreds joining at once do not hit the API servers together.",
+        "Set superkube:autoscaler_join_jitter_seconds above 0 (300 by default).",
+        _join_jitter,
+        enforcement="advisory",
+    ),
+]

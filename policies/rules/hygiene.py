@@ -1,0 +1,31 @@
+"""Hygiene: who owns what."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from superkube.checks import TAGLESS_TYPES, Finding, Rule, RuleConfig, StackView
+
+REQUIRED = ("cluster", "owner", "environment")
+
+
+def _required_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for r in view.resources:
+        if not r.type.startswith("azure-native:") or r.type in TAGLESS_TYPES:
+            continue
+        missing = [t for t in REQUIRED if not r.tags.get(t)]
+        if missing:
+            yield Finding(f"missing tags: {', '.join(missing)}", r.urn)
+        elif config.cluster and r.tags["cluster"] != config.cluster:
+            yield Finding(f"cluster tag is {r.tags['cluster']!r}, not {config.cluster!r}", r.urn)
+
+
+RULES = [
+    Rule(
+        "hygiene-resource-required-tags",
+        "medium",
+        "Every taggable resource carries cluster, owner and environment tags.",
+        "Set superkube:team and superkube:environment; components tag everything they create.",
+        _required_tags,
+    ),
+]
