@@ -8,6 +8,7 @@ program registers is recorded with its type, name, inputs, parent and dependenci
 from __future__ import annotations
 
 import asyncio
+import copy
 import contextvars
 import json
 import runpy
@@ -97,7 +98,7 @@ class Resource:
             "id": self.id,
             "parent": self.parent,
             "dependencies": self.dependencies,
-            "inputs": self.inputs,
+            "inputs": copy.deepcopy(self.inputs),
         }
 
 

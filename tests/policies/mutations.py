@@ -1,0 +1,211 @@
+"""Single changes to a recorded plan document, each of which one rule must catch."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+Doc = dict[str, Any]
+VM = "azure-native:compute:VirtualMachine"
+VMSS = "azure-native:compute:VirtualMachineScaleSet"
+NIC = "azure-native:network:NetworkInterface"
+
+
+def of(doc: Doc, type_: str, role: str | None = None) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in doc["resources"]
+        if r["type"] == type_
+        and (role is None or (r["inputs"].get("tags") or {}).get("superkube-role") == role)
+    ]
+
+
+def drop(doc: Doc, resources: list[dict[str, Any]]) -> None:
+    urns = {r["urn"] for r in resources}
+    doc["resources"] = [r for r in doc["resources"] if r["urn"] not in urns]
+
+
+def rewrite_cloud_init(vmss: dict[str, Any], path: str, change: Callable[[str], str]) -> None:
+    profile = vmss["inputs"]["virtualMachineProfile"]["osProfile"]
+    text = base64.b64decode(profile["customData"]).decode()
+    doc = yaml.safe_load(text)
+    for f in doc["write_files"]:
+        if f["path"] == path:
+            f["content"] = change(f["content"])
+    profile["customData"] = base64.b64encode(("#cloud-config\n" + yaml.safe_dump(doc)).encode()).decode()
+
+
+def gpu_vmss(doc: Doc) -> dict[str, Any]:
+    return of(doc, VMSS, "gpu_nodes")[0]
+
+
+def drop_one_apiserver(doc: Doc) -> None:
+    drop(doc, of(doc, VM, "apiservers")[-1:])
+
+
+def drop_one_etcd_main(doc: Doc) -> None:
+    drop(doc, of(doc, VM, "etcd_main")[-1:])
+
+
+def drop_events_etcd(doc: Doc) -> None:
+    drop(doc, of(doc, VM, "etcd_events") + of(doc, NIC, "etcd_events"))
+
+
+def events_on_main_subnet(doc: Doc) -> None:
+    main_subnet = of(doc, NIC, "etcd_main")[0]["inputs"]["ipConfigurations"][0]["subnet"]
+    of(doc, NIC, "etcd_events")[0]["inputs"]["ipConfigurations"][0]["subnet"] = dict(main_subnet)
+
+
+def apiserver_on_gpu_size(doc: Doc) -> None:
+    of(doc, VM, "apiservers")[0]["inputs"]["hardwareProfile"]["vmSize"] = "Standard_ND96isr_H100_v5"
+
+
+def peer_two_spokes(doc: Doc) -> None:
+    spoke = of(doc, "azure-native:network:VirtualNetwork", "spoke")[0]
+    other = {**spoke, "urn": spoke["urn"] + "-other", "name": "other-spoke"}
+    other["inputs"] = {
+        **spoke["inputs"],
+        "virtualNetworkName": "vnet-other-cluster",
+        "addressSpace": {"addressPrefixes": ["10.200.0.0/16"]},
+    }
+    peering = of(doc, "azure-native:network:VirtualNetworkPeering")[0]
+    link = {**peering, "urn": peering["urn"] + "-to-other", "name": "spoke-to-other"}
+    link["inputs"] = {
+        **peering["inputs"],
+        "virtualNetworkName": spoke["inputs"]["virtualNetworkName"],
+        "remoteVirtualNetwork": {
+            "id": spoke["id"].replace(spoke["inputs"]["virtualNetworkName"], "vnet-other-cluster")
+        },
+    }
+    doc["resources"] += [other, link]
+
+
+def add_public_ip(doc: Doc) -> None:
+    nic = of(doc, NIC, "apiservers")[0]
+    nic["inputs"]["ipConfigurations"][0]["publicIPAddress"] = {
+        "id": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Network/publicIPAddresses/pip"
+    }
+
+
+def allow_ssh_from_internet(doc: Doc) -> None:
+    nsg = of(doc, "azure-native:network:NetworkSecurityGroup", "spoke")[0]
+    nsg["inputs"]["securityRules"].append(
+        {
+            "name": "ssh",
+            "priority": 100,
+            "direction": "Inbound",
+            "access": "Allow",
+            "protocol": "Tcp",
+            "sourceAddressPrefix": "Internet",
+            "destinationPortRange": "22",
+        }
+    )
+
+
+def route_to_wrong_hop(doc: Doc) -> None:
+    of(doc, "azure-native:network:Route")[0]["inputs"]["nextHopIpAddress"] = "10.0.0.200"
+
+
+def nat_forwarding_off(doc: Doc) -> None:
+    of(doc, NIC, "nat_host")[0]["inputs"]["enableIPForwarding"] = False
+
+
+def drop_a_pod_ip(doc: Doc) -> None:
+    gpu_vmss(doc)["inputs"]["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"][0][
+        "ipConfigurations"
+    ].pop()
+
+
+def vnet_over_ip_limit(doc: Doc) -> None:
+    vmss = gpu_vmss(doc)
+    vmss["inputs"]["tags"]["max"] = "999"
+    nic = vmss["inputs"]["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"][0]
+    first = nic["ipConfigurations"][1]
+    nic["ipConfigurations"] += [{**first, "name": f"pod-x{i}"} for i in range(80)]
+    vmss["inputs"]["tags"]["superkube-pod-ips"] = str(len(nic["ipConfigurations"]) - 1)
+
+
+def nic_over_ip_limit(doc: Doc) -> None:
+    nic = gpu_vmss(doc)["inputs"]["virtualMachineProfile"]["networkProfile"][
+        "networkInterfaceConfigurations"
+    ][0]
+    first = nic["ipConfigurations"][1]
+    nic["ipConfigurations"] += [{**first, "name": f"pod-y{i}"} for i in range(300)]
+
+
+def overlapping_subnet(doc: Doc) -> None:
+    subnets = [
+        s
+        for s in of(doc, "azure-native:network:Subnet")
+        if s["inputs"]["subnetName"] in ("etcd-main", "etcd-events")
+    ]
+    subnets[1]["inputs"]["addressPrefix"] = subnets[0]["inputs"]["addressPrefix"]
+
+
+def password_login(doc: Doc) -> None:
+    profile = of(doc, VM, "etcd_main")[0]["inputs"]["osProfile"]
+    profile["linuxConfiguration"]["disablePasswordAuthentication"] = False
+    profile["adminPassword"] = "correct horse battery staple"
+
+
+def scale_set_over_vm_limit(doc: Doc) -> None:
+    gpu_vmss(doc)["inputs"]["tags"]["max"] = "1200"
+
+
+def remove_preflight_taint(doc: Doc) -> None:
+    def strip(text: str) -> str:
+        return text.replace(" --register-with-taints=superkube.io/preflight=pending:NoSchedule", "")
+
+    rewrite_cloud_init(gpu_vmss(doc), "/etc/default/kubelet", strip)
+
+
+def remove_autoscaler_discovery(doc: Doc) -> None:
+    del gpu_vmss(doc)["inputs"]["tags"]["cluster-autoscaler-enabled"]
+
+
+def standard_etcd_disk(doc: Doc) -> None:
+    of(doc, VM, "etcd_events")[0]["inputs"]["storageProfile"]["dataDisks"][0]["managedDisk"][
+        "storageAccountType"
+    ] = "Standard_LRS"
+
+
+def no_join_jitter(doc: Doc) -> None:
+    rewrite_cloud_init(
+        gpu_vmss(doc),
+        "/usr/local/sbin/superkube-join",
+        lambda t: "\n".join(line for line in t.splitlines() if "sleep" not in line),
+    )
+
+
+def missing_owner_tag(doc: Doc) -> None:
+    del of(doc, "azure-native:network:VirtualNetwork", "hub")[0]["inputs"]["tags"]["owner"]
+
+
+# rule -> the single change that must make it fire
+BY_RULE: dict[str, Callable[[Doc], None]] = {
+    "topology-apiserver-count": drop_one_apiserver,
+    "topology-etcd-main-quorum": drop_one_etcd_main,
+    "topology-etcd-events-present": drop_events_etcd,
+    "topology-etcd-events-separate": events_on_main_subnet,
+    "topology-controlplane-not-on-gpu": apiserver_on_gpu_size,
+    "network-peering-hub-only": peer_two_spokes,
+    "network-nic-no-public-ip": add_public_ip,
+    "network-nsg-deny-internet-inbound": allow_ssh_from_internet,
+    "network-route-service-cidr-via-nat": route_to_wrong_hop,
+    "network-nic-nat-ip-forwarding": nat_forwarding_off,
+    "network-vmss-alias-ip-count": drop_a_pod_ip,
+    "network-vnet-ip-limit": vnet_over_ip_limit,
+    "network-nic-ip-limit": nic_over_ip_limit,
+    "network-subnet-no-overlap": overlapping_subnet,
+    "compute-vm-no-password-login": password_login,
+    "compute-vmss-vm-limit": scale_set_over_vm_limit,
+    "compute-vmss-preflight-taint": remove_preflight_taint,
+    "compute-vmss-autoscaler-tags": remove_autoscaler_discovery,
+    "compute-disk-etcd-premium": standard_etcd_disk,
+    "compute-vmss-join-jitter": no_join_jitter,
+    "hygiene-resource-required-tags": missing_owner_tag,
+}
+# network-peering-group-ip-limit is caught by its config (other clusters' spokes), see test_rules.py

@@ -1,0 +1,81 @@
+"""Each rule on a compliant fixture (the recorded dev plan) and on it with one field changed."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+
+from superkube import checks
+from superkube.plan import Plan
+from tests.policies.mutations import BY_RULE
+
+from policies.rules import ALL_RULES
+
+RULES = {r.name: r for r in ALL_RULES}
+
+
+@pytest.fixture(scope="module")
+def dev_doc(dev_plan: Plan) -> dict[str, Any]:
+    return dev_plan.to_dict()
+
+
+@pytest.fixture(scope="module")
+def dev_config(dev_plan: Plan) -> checks.RuleConfig:
+    return checks.rule_config(dev_plan.spec, dev_plan.addresses)
+
+
+def findings(rule: checks.Rule, doc: dict[str, Any], config: checks.RuleConfig) -> list[checks.Finding]:
+    return list(rule.check(checks.view_from_plan_document(doc), config))
+
+
+def test_rules_are_named_area_resource_rule_and_documented() -> None:
+    assert len(ALL_RULES) >= 20 and len(RULES) == len(ALL_RULES)
+    for r in ALL_RULES:
+        area, resource, rest = r.name.split("-", 2)
+        assert area in {"topology", "network", "compute", "hygiene"} and resource and rest
+        assert r.severity in {"critical", "high", "medium", "low"}
+        assert r.description.endswith(".") and r.remediation.endswith(".")
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_rule_passes_the_compliant_fixture(
+    name: str, dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+) -> None:
+    assert findings(RULES[name], dev_doc, dev_config) == []
+
+
+@pytest.mark.parametrize("name", sorted(BY_RULE))
+def test_rule_fires_when_one_field_changes(
+    name: str, dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+) -> None:
+    doc = copy.deepcopy(dev_doc)
+    BY_RULE[name](doc)
+    found = findings(RULES[name], doc, dev_config)
+    assert found, f"{name} missed {BY_RULE[name].__name__}"
+    assert all(f.message for f in found)
+
+
+def test_every_rule_has_a_one_field_change() -> None:
+    assert set(BY_RULE) | {"network-peering-group-ip-limit"} == set(RULES)
+
+
+def test_peered_group_limit_fires_when_other_spokes_fill_the_hub(
+    dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+) -> None:
+    rule = RULES["network-peering-group-ip-limit"]
+    assert findings(rule, dev_doc, dev_config) == []
+    crowded = dataclasses.replace(dev_config, other_spokes_ips=127_990)
+    (finding,) = findings(rule, dev_doc, crowded)
+    assert "128,000" in finding.message
+
+
+def test_apiserver_rule_rejects_a_configured_even_count(
+    dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+) -> None:
+    found = findings(
+        RULES["topology-apiserver-count"], dev_doc, dataclasses.replace(dev_config, apiserver_count=4)
+    )
+    assert any("odd" in f.message for f in found)
