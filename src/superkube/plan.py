@@ -8,8 +8,8 @@ program registers is recorded with its type, name, inputs, parent and dependenci
 from __future__ import annotations
 
 import asyncio
-import copy
 import contextvars
+import copy
 import json
 import runpy
 import sys

@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from policies.rules import ALL_RULES
 from superkube.cli import app
 from superkube.plan import Plan
 from tests.policies import mutations as m
-
-from policies.rules import ALL_RULES
 
 
 def invoke(*args: str) -> Any:

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
+from policies.rules import ALL_RULES
 from superkube import checks
 from superkube.plan import Plan
 from tests.policies import mutations as m
-
-from policies.rules import ALL_RULES
 
 SCENARIOS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("add a public IP", m.add_public_ip, "network-nic-no-public-ip"),

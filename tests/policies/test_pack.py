@@ -15,10 +15,9 @@ import pulumi_policy
 import pytest
 from pulumi_policy.policy import PolicyResource, PolicyResourceOptions, StackValidationArgs
 
+from policies.rules import ALL_RULES
 from superkube.plan import Plan
 from tests.policies import mutations as m
-
-from policies.rules import ALL_RULES
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
+from policies.rules import ALL_RULES
 from superkube import checks
 from superkube.plan import Plan
 from tests.policies.mutations import BY_RULE
-
-from policies.rules import ALL_RULES
 
 RULES = {r.name: r for r in ALL_RULES}
 
