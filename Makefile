@@ -32,3 +32,4 @@ test: lint
 
 bench: install-test
 	$(BIN)/python bench/plan.py
+	$(BIN)/python bench/check.py
