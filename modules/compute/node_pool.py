@@ -63,14 +63,14 @@ class NodePoolArgs:
 
 
 def autoscaler_tags(
-    cluster: str, pool: PoolSpec, capacity: int, labels: Mapping[str, str], taints: Sequence[str]
+    cluster: str, pool: PoolSpec, plan: ScaleSetPlan, labels: Mapping[str, str], taints: Sequence[str]
 ) -> dict[str, str]:
     """Discovery, bounds and the node template cluster-autoscaler needs to scale a set from zero."""
     tags = {
         "cluster-autoscaler-enabled": "true",
         "cluster-autoscaler-name": cluster,
-        "min": str(min(pool.min_nodes, capacity)),
-        "max": str(capacity),
+        "min": str(plan.min_nodes),
+        "max": str(plan.capacity),
     }
     for key, value in labels.items():
         tags[f"{AUTOSCALER_TAG}_label_{key.replace('/', '_')}"] = value
@@ -130,7 +130,7 @@ class NodePool(pulumi.ComponentResource):
                 superkube_pod_ips=str(pool.pod_ips_per_node),
             )
             if args.autoscaler:
-                tags.update(autoscaler_tags(args.cluster, pool, plan.capacity, labels, taints))
+                tags.update(autoscaler_tags(args.cluster, pool, plan, labels, taints))
             self.scale_sets.append(
                 compute.VirtualMachineScaleSet(
                     f"{name}-{plan.index}",
@@ -141,7 +141,7 @@ class NodePool(pulumi.ComponentResource):
                     sku={
                         "name": pool.vm_size,
                         "tier": "Standard",
-                        "capacity": min(pool.min_nodes, plan.capacity),
+                        "capacity": plan.min_nodes,
                     },
                     overprovision=False,
                     single_placement_group=False,

@@ -68,6 +68,7 @@ class ScaleSetPlan:
     index: int
     name: str
     capacity: int
+    min_nodes: int  # the pool's min_nodes split over its sets like its capacity
     zones: tuple[str, ...]  # a pool that fits one set spans all its zones; split pools take one each in turn
     subnet: str
 
@@ -234,6 +235,10 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
     for index, pool in enumerate(spec.node_pools):
         _check_nic(pool, index, limits["nic_private_ips"])
         sizes = split_pool(pool.nodes, limits["vmss_vms"].value)
+        minima = [
+            pool.min_nodes // len(sizes) + (1 if i < pool.min_nodes % len(sizes) else 0)
+            for i in range(len(sizes))
+        ]
         for i, size in enumerate(sizes):
             subnet = f"{pool.name}-{i}"
             scale_sets.append(
@@ -242,6 +247,7 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
                     index=i,
                     name=f"vmss-{cluster}-{pool.name}-{i}",
                     capacity=size,
+                    min_nodes=minima[i],
                     zones=tuple(pool.zones) if len(sizes) == 1 else (pool.zones[i % len(pool.zones)],),
                     subnet=subnet,
                 )

@@ -24,7 +24,7 @@ POOL = NodePool(
 
 def sset(capacity: int, pool: str = "gpu") -> ScaleSetPlan:
     return ScaleSetPlan(
-        pool=pool, index=0, name="vmss-x-gpu-0", capacity=capacity, zones=("1",), subnet="gpu-0"
+        pool=pool, index=0, name="vmss-x-gpu-0", capacity=capacity, min_nodes=0, zones=("1",), subnet="gpu-0"
     )
 
 

@@ -143,6 +143,27 @@ def test_autoscaler_tags_let_every_pool_scale_from_zero(any_plan: Plan) -> None:
             assert int(tags["k8s.io_cluster-autoscaler_node-template_resources_nvidia.com_gpu"]) >= 1
 
 
+def test_pool_minimum_is_split_over_its_scale_sets(flagship_plan: Plan) -> None:
+    from superkube.ipam import plan_addresses
+    from superkube.spec import from_config
+
+    config = {k.partition(":")[2]: v for k, v in flagship_plan.config.items()}
+    config["node_pools"] = (
+        config["node_pools"]
+        .replace("min_nodes: 16", "min_nodes: 17")
+        .replace("nodes: 128", "nodes: 1500")
+        .replace("pod_ips_per_node: 30", "pod_ips_per_node: 1")
+    )
+    addresses = plan_addresses(from_config(config), "flagship")
+    cpu = addresses.pool_scale_sets("cpu")
+    assert [s.capacity for s in cpu] == [750, 750]
+    assert [s.min_nodes for s in cpu] == [9, 8]
+    for pool in flagship_plan.spec.node_pools:
+        sets = [s for s in flagship_plan.of_type(VMSS) if s.inputs["tags"]["superkube-pool"] == pool.name]
+        assert sum(int(s.inputs["tags"]["min"]) for s in sets) == pool.min_nodes
+        assert all(s.inputs["sku"]["capacity"] == int(s.inputs["tags"]["min"]) for s in sets)
+
+
 def test_gpu_nodes_register_behind_the_preflight_taint_after_a_jitter(any_plan: Plan) -> None:
     for s in any_plan.of_type(VMSS):
         doc = cloudinit.decode(s.inputs["virtualMachineProfile"]["osProfile"]["customData"])
