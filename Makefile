@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STACK ?= dev
 
-.PHONY: plan test lint install install-test bench
+.PHONY: plan test lint install install-test bench debian-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,10 @@ lint: install-test
 	$(BIN)/mypy
 	$(BIN)/superkube config-schema --check
 
-test: lint
+debian-deps:
+	bash scripts/debian-deps.sh
+
+test: lint debian-deps
 	$(BIN)/python -m pytest
 
 bench: install-test

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install the Debian packages the tests use (the lab's tools), only those missing. Needs root.
+set -euo pipefail
+packages=(debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: missing Debian packages ${missing[*]}; run as root or: apt-get install ${missing[*]}" >&2
+    exit 2
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,637 @@
+"""A real node fleet on this machine: booted Debian 12 systemd machines in their own network namespaces.
+
+Layout (nothing is added to the machine's own network namespace):
+
+    netns sklab-switch: bridge `br0`, routing between the lab's subnets, one address per subnet
+      (the .1 gateway, as in Azure) -- this is also where SSH to the hosts starts from
+    netns sklab-<host>: `eth0` (a veth into the bridge) with the host's address, default route
+      via the gateway; systemd-nspawn boots the host inside it (--register=no --keep-unit)
+    root: an overlay per host (its own upper dir over one cached, debootstrapped base image)
+
+Hosts sit where the flagship stack's address plan puts them (GPU and CPU nodes in their pool subnets,
+etcd and API servers in theirs, the NAT host and a hub client in the hub), plus one host outside
+every cluster range that plays the internet. SSH keys, host keys and known_hosts are generated per
+lab; Ansible reaches hosts through a ProxyCommand that enters the switch namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from superkube.ipam import FIRST_HOST_OFFSET
+
+PREFIX = "sklab"
+SWITCH = f"{PREFIX}-switch"
+STATE_DIR = Path(os.environ.get("SUPERKUBE_LAB_STATE", "/var/lib/superkube/lab"))
+CACHE_DIR = Path(os.environ.get("SUPERKUBE_LAB_CACHE", "/var/cache/superkube/lab"))
+SUITE = "bookworm"
+# Baked into the image as production bakes them into the VM image: the lab's hosts have no route
+# to a package mirror, so roles find these installed and their install tasks report ok.
+BASE_PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "openssh-server",
+    "python3",
+    "python3-apt",
+    "python3-prometheus-client",
+    "iproute2",
+    "iptables",
+    "procps",
+    "sudo",
+    "ca-certificates",
+    "curl",
+    "chrony",
+    "containerd",
+    "prometheus-node-exporter",
+    "netcat-openbsd",
+)
+IMAGE_RECIPE = 1  # bump when the image steps below change
+INTERNET = IPv4Network("198.18.0.0/24")
+LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them  # benchmarking range: outside every cluster CIDR
+GROUPS = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
+ROLE_CYCLE = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
+
+Progress = Callable[[str, float], None]  # (what is happening, fraction done)
+
+
+class LabError(Exception):
+    """Something the user can act on: one line, what and how to fix."""
+
+
+@dataclass
+class Host:
+    name: str
+    group: str  # one of GROUPS, or hub / internet
+    address: str
+    prefixlen: int
+    gateway: str
+    pid: int | None = None
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+
+@dataclass
+class Lab:
+    hosts: list[Host]
+    subnets: list[str]  # CIDRs the switch routes between (its address in each is .1)
+    state_dir: str
+    base_image: str
+    cluster_cidrs: list[str] = field(default_factory=list)
+    service_cidr: str = ""
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise LabError(f"no lab host {name!r}; lab status lists them")
+
+    @property
+    def key(self) -> Path:
+        return Path(self.state_dir) / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return Path(self.state_dir) / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        return Path(self.state_dir) / "inventory.yml"
+
+    def save(self) -> None:
+        path = Path(self.state_dir) / "lab.json"
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, state_dir: Path = STATE_DIR) -> Lab | None:
+        path = state_dir / "lab.json"
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        data["hosts"] = [Host(**h) for h in data["hosts"]]
+        return cls(**data)
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def run(
+    args: list[str], *, check: bool = True, input: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, input=input, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise LabError(
+            f"{' '.join(args[:4])} ... failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:] or ['no output']}"
+        )
+    return proc
+
+
+def require_tools() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, overlays, systemd-nspawn); run it as root")
+    missing = [
+        t for t in ("debootstrap", "systemd-nspawn", "ip", "ssh", "ssh-keygen") if shutil.which(t) is None
+    ]
+    if missing:
+        raise LabError(
+            f"missing {', '.join(missing)}; install them: apt-get install debootstrap systemd-container iproute2 openssh-client"
+        )
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt uses (SUPERKUBE_LAB_MIRROR overrides it)."""
+    if os.environ.get("SUPERKUBE_LAB_MIRROR"):
+        return os.environ["SUPERKUBE_LAB_MIRROR"]
+    candidates: list[str] = []
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        block: dict[str, str] = {}
+        for line in [*path.read_text().splitlines(), ""]:
+            if not line.strip():
+                if "debian" in block.get("Suites", "") or SUITE in block.get("Suites", "").split():
+                    candidates += block.get("URIs", "").split()
+                block = {}
+            elif ":" in line and not line.startswith("#"):
+                k, _, v = line.partition(":")
+                block[k.strip()] = v.strip()
+    sources = Path("/etc/apt/sources.list")
+    if sources.is_file():
+        for line in sources.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == SUITE:
+                candidates.append(parts[1])
+    for uri in candidates:
+        if "security" not in uri:
+            return uri
+    raise LabError("no Debian mirror found in /etc/apt; set SUPERKUBE_LAB_MIRROR to one")
+
+
+# --- the base image ------------------------------------------------------------------------------
+
+
+def image_key() -> str:
+    digest = hashlib.sha256(json.dumps([SUITE, sorted(BASE_PACKAGES), IMAGE_RECIPE]).encode()).hexdigest()
+    return f"{SUITE}-{digest[:12]}"
+
+
+def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
+    """debootstrap the base image once; later labs reuse it from the cache."""
+    final = cache_dir / image_key()
+    if (final / ".superkube-complete").is_file():
+        progress("base image cached", 1.0)
+        return final / "rootfs"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = cache_dir / f".{image_key()}.building"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    progress("debootstrap: fetching Debian packages", 0.05)
+    cmd = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(BASE_PACKAGES)}",
+        SUITE,
+        str(tmp / "rootfs"),
+        debian_mirror(),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for seen, line in enumerate(proc.stdout, 1):
+        if line.startswith("I: "):
+            progress(f"debootstrap: {line[3:].strip()[:60]}", min(0.9, 0.05 + seen / 1500))
+    if proc.wait() != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise LabError("debootstrap failed; check the mirror (SUPERKUBE_LAB_MIRROR) and free disk space")
+    root = tmp / "rootfs"
+    for key in (root / "etc" / "ssh").glob("ssh_host_*"):
+        key.unlink()  # every host gets its own host keys
+    (root / "etc" / "machine-id").write_text("")
+    (root / "etc" / "ssh" / "sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "ssh" / "sshd_config.d" / "superkube-lab.conf").write_text(
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n"
+    )
+    # The hosts have no route to a mirror; keep apt from trying at boot.
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer"):
+        link = root / "etc" / "systemd" / "system" / "timers.target.wants" / unit
+        link.unlink(missing_ok=True)
+    (tmp / ".superkube-complete").write_text(
+        json.dumps({"packages": sorted(BASE_PACKAGES), "recipe": IMAGE_RECIPE})
+    )
+    os.replace(tmp, final)
+    progress("base image built", 1.0)
+    return final / "rootfs"
+
+
+# --- layout --------------------------------------------------------------------------------------
+
+
+def layout(nodes: int) -> tuple[list[Host], list[str], list[str], str]:
+    """Hosts placed by the flagship stack's address plan: (hosts, routed subnets, cluster CIDRs, service CIDR)."""
+    from superkube import plan as planning
+
+    if nodes < 1:
+        raise LabError("--hosts must be at least 1")
+    root = planning.find_project()
+    _, spec, addresses = planning.load(root, LAB_STACK)
+    by_group = {
+        "gpu_nodes": addresses.subnet("gpu-0"),
+        "cpu_nodes": addresses.subnet("cpu-0"),
+        "etcd_main": addresses.subnet("etcd-main"),
+        "etcd_events": addresses.subnet("etcd-events"),
+        "apiservers": addresses.subnet("apiservers"),
+    }
+    # control-plane hosts take the plan's own member IPs (not the load balancer's frontend)
+    members = {
+        "etcd_main": list(addresses.etcd_main_ips),
+        "etcd_events": list(addresses.etcd_events_ips),
+        "apiservers": list(addresses.apiserver_ips),
+    }
+    used: dict[str, int] = {}
+    hosts: list[Host] = []
+
+    def place(name: str, group: str, net: IPv4Network, address: IPv4Address | None = None) -> None:
+        if address is None:
+            index = used.get(str(net), 0)
+            used[str(net)] = index + 1
+            address = net.network_address + FIRST_HOST_OFFSET + index
+            if address >= net.broadcast_address:
+                raise LabError(f"subnet {net} holds no more lab hosts; use fewer --hosts")
+        hosts.append(Host(name, group, str(address), net.prefixlen, str(net.network_address + 1)))
+
+    counts: dict[str, int] = {}
+    for i in range(nodes):
+        group = ROLE_CYCLE[i] if i < len(ROLE_CYCLE) else ("gpu_nodes", "cpu_nodes")[i % 2]
+        counts[group] = counts.get(group, 0) + 1
+        name = f"{group.removesuffix('_nodes').replace('_', '-')}-{counts[group]}"
+        if group == "nat_host":
+            place("nat", group, addresses.subnet("nat").cidr, addresses.nat_host_ip)
+        elif group in members:
+            if not members[group]:
+                raise LabError(f"the {LAB_STACK} plan has no more {group} members; use fewer --hosts")
+            place(name, group, by_group[group].cidr, members[group].pop(0))
+        else:
+            place(name, group, by_group[group].cidr)
+    place("hub-client", "hub", addresses.subnet("shared").cidr)
+    place("internet", "internet", INTERNET)
+    subnets = sorted({f"{IPv4Network((h.address, h.prefixlen), strict=False)}" for h in hosts})
+    cluster = [str(addresses.spoke.address_space), str(addresses.hub.address_space), spec.service_cidr]
+    return hosts, subnets, cluster, spec.service_cidr
+
+
+# --- bring-up ------------------------------------------------------------------------------------
+
+
+def _ensure_switch(subnets: Iterable[str]) -> None:
+    run(["ip", "netns", "add", SWITCH])
+    run(["ip", "-n", SWITCH, "link", "add", "br0", "type", "bridge"])
+    run(["ip", "-n", SWITCH, "link", "set", "lo", "up"])
+    run(["ip", "-n", SWITCH, "link", "set", "br0", "up"])
+    for cidr in subnets:
+        net = IPv4Network(cidr)
+        run(["ip", "-n", SWITCH, "addr", "add", f"{net.network_address + 1}/{net.prefixlen}", "dev", "br0"])
+    run(["ip", "netns", "exec", SWITCH, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+
+
+def _ensure_host_network(host: Host, index: int) -> None:
+    outside, inside = f"skl{index}s", f"skl{index}h"
+    run(["ip", "netns", "add", host.netns])
+    run(["ip", "link", "add", inside, "type", "veth", "peer", "name", outside])
+    run(["ip", "link", "set", inside, "netns", host.netns])
+    run(["ip", "link", "set", outside, "netns", SWITCH])
+    run(["ip", "-n", SWITCH, "link", "set", outside, "master", "br0", "up"])
+    run(["ip", "-n", host.netns, "link", "set", inside, "name", "eth0"])
+    run(["ip", "-n", host.netns, "addr", "add", f"{host.address}/{host.prefixlen}", "dev", "eth0"])
+    run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+    run(["ip", "-n", host.netns, "link", "set", "eth0", "up"])
+    run(["ip", "-n", host.netns, "route", "add", "default", "via", host.gateway])
+
+
+def _host_dir(lab: Lab, host: Host) -> Path:
+    return Path(lab.state_dir) / "hosts" / host.name
+
+
+def _prepare_root(lab: Lab, host: Host) -> Path:
+    base = _host_dir(lab, host)
+    for sub in ("upper", "work", "root"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    merged = base / "root"
+    if not os.path.ismount(merged):
+        run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={lab.base_image},upperdir={base / 'upper'},workdir={base / 'work'}",
+                str(merged),
+            ]
+        )
+    (merged / "etc" / "hostname").write_text(host.name + "\n")
+    (merged / "etc" / "hosts").write_text(
+        "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in lab.hosts)
+    )
+    ssh = merged / "root" / ".ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh / "authorized_keys").write_text(Path(str(lab.key) + ".pub").read_text())
+    os.chmod(ssh / "authorized_keys", 0o600)
+    host_key = merged / "etc" / "ssh" / "ssh_host_ed25519_key"
+    if not host_key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
+    return merged
+
+
+def boot(lab: Lab, host: Host) -> None:
+    """Boot (or boot again) one host; its overlay keeps whatever it had."""
+    merged = _prepare_root(lab, host)
+    command = [
+        "systemd-nspawn",
+        "--boot",
+        "--register=no",
+        "--keep-unit",
+        "--quiet",
+        "--console=passive",
+        # --private-network keeps /proc/sys/net writable and grants CAP_NET_ADMIN inside; the
+        # namespace itself is ours, so the host's veth and address are already there.
+        "--private-network",
+        f"--network-namespace-path=/run/netns/{host.netns}",
+        "--capability=CAP_NET_RAW",
+        f"--machine={PREFIX}-{host.name}",
+        "-D",
+        str(merged),
+    ]
+    # A short-lived sh starts nspawn in the background of a new session and prints its PID, so
+    # the host outlives this process without being its child.
+    launcher = 'exec "$@" >>"$SUPERKUBE_LAB_LOG" 2>&1 </dev/null &\necho $!'
+    proc = subprocess.run(
+        ["setsid", "sh", "-c", launcher, "sh", *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SUPERKUBE_LAB_LOG": str(_host_dir(lab, host) / "console.log")},
+        check=True,
+        timeout=30,
+    )
+    host.pid = int(proc.stdout.strip())
+
+
+def ssh_command(lab: Lab, host: Host, command: str) -> list[str]:
+    return [*ssh_base(lab), f"root@{host.address}", command]
+
+
+def ssh_base(lab: Lab) -> list[str]:
+    return [
+        "ssh",
+        "-i",
+        str(lab.key),
+        "-o",
+        f"UserKnownHostsFile={lab.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        f"ProxyCommand={proxy_command()}",
+    ]
+
+
+def proxy_command() -> str:
+    return f"ip netns exec {SWITCH} nc -w 10 %h %p"
+
+
+def ssh(lab: Lab, host: Host, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(ssh_command(lab, host, command), capture_output=True, text=True, timeout=timeout)
+
+
+def wait_ready(lab: Lab, host: Host, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            proc = ssh(lab, host, "systemctl is-system-running --wait", timeout=30)
+        except subprocess.TimeoutExpired:
+            continue
+        if proc.stdout.strip() in ("running", "degraded"):
+            return
+        time.sleep(0.5)
+    raise LabError(f"host {host.name} did not finish booting; see {_host_dir(lab, host) / 'console.log'}")
+
+
+def _write_known_hosts(lab: Lab) -> None:
+    lines = []
+    for h in lab.hosts:
+        pub = (_host_dir(lab, h) / "root" / "etc" / "ssh" / "ssh_host_ed25519_key.pub").read_text().split()
+        lines.append(f"{h.address} {pub[0]} {pub[1]}\n")
+    lab.known_hosts.write_text("".join(lines))
+
+
+def write_inventory(lab: Lab) -> Path:
+    """An Ansible inventory whose groups match production's, plus hub and internet."""
+    common = f"-o ProxyCommand='{proxy_command()}' -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes"
+    groups: dict[str, Any] = {g: {"hosts": {}} for g in (*GROUPS, "hub", "internet")}
+    for h in lab.hosts:
+        groups[h.group]["hosts"][h.name] = {"ansible_host": h.address}
+    children = {g: v for g, v in groups.items() if v["hosts"]}
+    inventory = {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(lab.key),
+                "ansible_ssh_common_args": common,
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "superkube_lab": True,
+                "superkube_cluster": LAB_STACK,
+                "superkube_cluster_cidrs": lab.cluster_cidrs,
+                "superkube_service_cidr": lab.service_cidr,
+            },
+            "children": {
+                **children,
+                "cluster": {"children": {g: {} for g in GROUPS if g in children}},
+            },
+        }
+    }
+    lab.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    return lab.inventory
+
+
+def up(nodes: int, progress: Progress, state_dir: Path = STATE_DIR, cache_dir: Path = CACHE_DIR) -> Lab:
+    """Start a lab of `nodes` cluster hosts (+ hub client + internet), or fail leaving nothing behind."""
+    require_tools()
+    if Lab.load(state_dir) is not None or _leftovers():
+        raise LabError("a lab is already up (or left over); run `superkube lab down` first")
+    base = build_base_image(lambda what, f: progress(what, 0.6 * f), cache_dir)
+    hosts, subnets, cluster, service = layout(nodes)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    lab = Lab(
+        hosts=hosts,
+        subnets=subnets,
+        state_dir=str(state_dir),
+        base_image=str(base),
+        cluster_cidrs=cluster,
+        service_cidr=service,
+    )
+    try:
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "superkube-lab", "-f", str(lab.key)])
+        _ensure_switch(subnets)
+        for i, h in enumerate(hosts):
+            progress(f"network for {h.name}", 0.6 + 0.1 * i / len(hosts))
+            _ensure_host_network(h, i)
+        for i, h in enumerate(hosts):
+            progress(f"booting {h.name}", 0.7 + 0.1 * i / len(hosts))
+            boot(lab, h)
+        lab.save()
+        _write_known_hosts(lab)
+        deadline = time.monotonic() + 180
+        for i, h in enumerate(hosts):
+            progress(f"waiting for {h.name}", 0.8 + 0.2 * i / len(hosts))
+            wait_ready(lab, h, deadline)
+        write_inventory(lab)
+        lab.save()
+    except BaseException:
+        down(state_dir)
+        raise
+    progress("lab is up", 1.0)
+    return lab
+
+
+# --- status, stop, start, down ---------------------------------------------------------------------
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"systemd-nspawn")
+
+
+def status(state_dir: Path = STATE_DIR) -> dict[str, Any]:
+    lab = Lab.load(state_dir)
+    if lab is None:
+        return {"up": False, "hosts": [], "leftovers": _leftovers()}
+    rows = []
+    for h in lab.hosts:
+        running = alive(h.pid)
+        reachable = False
+        if running:
+            try:
+                reachable = ssh(lab, h, "true", timeout=10).returncode == 0
+            except subprocess.TimeoutExpired:
+                reachable = False
+        rows.append(
+            {
+                "name": h.name,
+                "group": h.group,
+                "address": h.address,
+                "netns": h.netns,
+                "running": running,
+                "ssh": reachable,
+            }
+        )
+    return {"up": True, "inventory": str(lab.inventory), "hosts": rows, "leftovers": []}
+
+
+def stop_host(name: str, state_dir: Path = STATE_DIR) -> None:
+    lab = _require(state_dir)
+    host = lab.host(name)
+    _terminate(host.pid)
+    host.pid = None
+    lab.save()
+
+
+def start_host(name: str, state_dir: Path = STATE_DIR) -> None:
+    lab = _require(state_dir)
+    host = lab.host(name)
+    if alive(host.pid):
+        return
+    boot(lab, host)
+    lab.save()
+    wait_ready(lab, host, time.monotonic() + 120)
+
+
+def _require(state_dir: Path) -> Lab:
+    lab = Lab.load(state_dir)
+    if lab is None:
+        raise LabError("no lab is up; start one with `superkube lab up`")
+    return lab
+
+
+def _terminate(pid: int | None, grace: float = 30) -> None:
+    if not alive(pid):
+        return
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)  # nspawn asks the container's systemd to power off
+    end = time.monotonic() + grace
+    while time.monotonic() < end and alive(pid):
+        time.sleep(0.2)
+    if alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+        time.sleep(0.5)
+
+
+def _leftovers() -> list[str]:
+    found = []
+    netns = run(["ip", "netns", "list"], check=False).stdout.split("\n")
+    found += [f"netns {line.split()[0]}" for line in netns if line.startswith(f"{PREFIX}-")]
+    for line in Path("/proc/mounts").read_text().splitlines():
+        target = line.split()[1]
+        if target.startswith(str(STATE_DIR)):
+            found.append(f"mount {target}")
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd.startswith(b"systemd-nspawn") and f"--machine={PREFIX}-".encode() in cmd:
+                found.append(f"process {pid}")
+    return found
+
+
+def down(state_dir: Path = STATE_DIR) -> list[str]:
+    """Stop every host and remove every namespace, link, mount and state file; returns what it removed."""
+    removed: list[str] = []
+    lab = Lab.load(state_dir)
+    pids = [h.pid for h in lab.hosts] if lab else []
+    for pid_dir in os.listdir("/proc"):
+        if pid_dir.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid_dir}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd.startswith(b"systemd-nspawn") and f"--machine={PREFIX}-".encode() in cmd:
+                pids.append(int(pid_dir))
+    for pid in set(p for p in pids if p):
+        if alive(pid):
+            _terminate(pid)
+            removed.append(f"process {pid}")
+    for line in reversed(Path("/proc/mounts").read_text().splitlines()):
+        target = line.split()[1]
+        if target.startswith(str(state_dir)):
+            run(["umount", target], check=False)
+            if os.path.ismount(target):
+                run(["umount", "-l", target], check=False)
+            removed.append(f"mount {target}")
+    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(f"{PREFIX}-"):
+            run(["ip", "netns", "del", name], check=False)  # deleting a netns removes its veth ends
+            removed.append(f"netns {name}")
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+        removed.append(f"state {state_dir}")
+    return removed
