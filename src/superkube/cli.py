@@ -466,6 +466,89 @@ def lab_down() -> None:
     out.print(f"lab down: removed {len(removed)} things" if removed else "no lab was up")
 
 
+@app.command()
+def converge(
+    inventory: Annotated[
+        Path | None, typer.Option("--inventory", "-i", help="Ansible inventory (default: the lab's).")
+    ] = None,
+    limit: Annotated[
+        str | None, typer.Option("--limit", "-l", help="Hosts or groups to converge (Ansible --limit).")
+    ] = None,
+    tags: Annotated[
+        str | None, typer.Option("--tags", "-t", help="Only these roles/tags (Ansible --tags).")
+    ] = None,
+    retry: Annotated[
+        bool, typer.Option("--retry", help="Only the hosts that failed or were unreachable last time.")
+    ] = False,
+    output: Annotated[
+        Output, typer.Option("--output", "-o", help="table for people, json for machines.")
+    ] = Output.table,
+) -> None:
+    """Run the playbooks over a fleet with a live view per host; exit 1 if any host failed."""
+    from rich.live import Live
+
+    from superkube import fleet, lab
+
+    if inventory is None:
+        inventory = lab.STATE_DIR / "inventory.yml"
+        if not inventory.is_file():
+            fail(
+                "no --inventory given and no lab is up; start one (superkube lab up) or pass --inventory FILE"
+            )
+    if retry:
+        if limit:
+            fail("--retry and --limit both choose hosts; give one")
+        limit = f"@{fleet.retry_file(inventory)}"
+
+    def table(hosts: dict[str, Any]) -> Table:
+        t = Table(title=f"converge {inventory}", title_justify="left")
+        for col in ("host", "ok", "changed", "failed", "unreachable", "task"):
+            t.add_column(
+                col, justify="right" if col in ("ok", "changed", "failed", "unreachable") else "left"
+            )
+        for name in sorted(hosts):
+            h = hosts[name]
+            bad = "[red]" if not h.healthy else ""
+            t.add_row(
+                f"{bad}{name}", str(h.ok), str(h.changed), str(h.failed), str(h.unreachable), h.task[:60]
+            )
+        return t
+
+    live_view = output is Output.table and sys.stderr.isatty()
+    try:
+        if live_view:
+            with Live(table({}), console=err, refresh_per_second=4, transient=True) as live:
+                result = fleet.converge(
+                    inventory, limit=limit, tags=tags, on_update=lambda h: live.update(table(h))
+                )
+        else:
+            result = fleet.converge(inventory, limit=limit, tags=tags)
+    except fleet.FleetError as exc:
+        fail(str(exc))
+    if output is Output.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    else:
+        out.print(table(result.hosts))
+        for problem in result.problems:
+            out.print(f"[red]{problem}[/]")
+        for name in result.failed_hosts:
+            h = result.hosts[name]
+            what = "unreachable" if h.unreachable else "failed"
+            out.print(f"[red]{name} {what}[/]: {h.message}")
+        if result.ok:
+            verdict = "converged"
+        elif result.failed_hosts:
+            verdict = f"{len(result.failed_hosts)} host(s) failed or unreachable"
+        else:
+            verdict = "ansible-playbook did not run to the end"
+        out.print(
+            f"{verdict} in {result.seconds:.1f} s"
+            + ("; rerun them: superkube converge --retry" if result.retry_file else "")
+        )
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 @app.command("config-schema")
 def config_schema(
     write: Annotated[bool, typer.Option("--write", help="Rewrite Pulumi.yaml from the spec.")] = False,

@@ -94,6 +94,9 @@ class Lab:
     base_image: str
     cluster_cidrs: list[str] = field(default_factory=list)
     service_cidr: str = ""
+    hub_cidrs: list[str] = field(default_factory=list)
+    node_cidrs: list[str] = field(default_factory=list)
+    route_tables: list[list[str]] = field(default_factory=list)  # [source subnet, prefix, next hop]
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -238,8 +241,8 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
 # --- layout --------------------------------------------------------------------------------------
 
 
-def layout(nodes: int) -> tuple[list[Host], list[str], list[str], str]:
-    """Hosts placed by the flagship stack's address plan: (hosts, routed subnets, cluster CIDRs, service CIDR)."""
+def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
+    """Hosts placed by the flagship stack's address plan: (hosts, routed subnets, network facts)."""
     from superkube import plan as planning
 
     if nodes < 1:
@@ -287,11 +290,31 @@ def layout(nodes: int) -> tuple[list[Host], list[str], list[str], str]:
     place("hub-client", "hub", addresses.subnet("shared").cidr)
     place("internet", "internet", INTERNET)
     subnets = sorted({f"{IPv4Network((h.address, h.prefixlen), strict=False)}" for h in hosts})
-    cluster = [str(addresses.spoke.address_space), str(addresses.hub.address_space), spec.service_cidr]
-    return hosts, subnets, cluster, spec.service_cidr
+    facts = {
+        "cluster_cidrs": [
+            str(addresses.spoke.address_space),
+            str(addresses.hub.address_space),
+            spec.service_cidr,
+        ],
+        "service_cidr": spec.service_cidr,
+        "hub_cidrs": [str(addresses.hub.address_space)],
+        "node_cidrs": [str(addresses.spoke.address_space)],
+        # The hub's route table in Azure: from the shared subnet, the service CIDR goes to the NAT host.
+        "route_tables": [
+            [str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]
+        ],
+    }
+    return hosts, subnets, facts
 
 
 # --- bring-up ------------------------------------------------------------------------------------
+
+
+def _ensure_route_tables(route_tables: Iterable[list[str]]) -> None:
+    """Azure applies a route table per subnet; the switch does the same with source rules."""
+    for table, (source, prefix, via) in enumerate(route_tables, start=100):
+        run(["ip", "-n", SWITCH, "route", "add", prefix, "via", via, "table", str(table)])
+        run(["ip", "-n", SWITCH, "rule", "add", "from", source, "to", prefix, "lookup", str(table)])
 
 
 def _ensure_switch(subnets: Iterable[str]) -> None:
@@ -456,6 +479,18 @@ def _write_known_hosts(lab: Lab) -> None:
     lab.known_hosts.write_text("".join(lines))
 
 
+LAB_SERVICE_PORT = 8080
+
+
+def lab_services(lab: Lab) -> list[dict[str, Any]]:
+    """One service VIP behind the NAT host, backed by the first GPU node (kube-proxy's job in production)."""
+    backends = [h for h in lab.hosts if h.group == "gpu_nodes"]
+    if not backends:
+        return []
+    vip = IPv4Network(lab.service_cidr).network_address + 10
+    return [{"vip": str(vip), "port": LAB_SERVICE_PORT, "backend": backends[0].address, "protocol": "tcp"}]
+
+
 def write_inventory(lab: Lab) -> Path:
     """An Ansible inventory whose groups match production's, plus hub and internet."""
     common = f"-o ProxyCommand='{proxy_command()}' -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes"
@@ -474,6 +509,9 @@ def write_inventory(lab: Lab) -> Path:
                 "superkube_cluster": LAB_STACK,
                 "superkube_cluster_cidrs": lab.cluster_cidrs,
                 "superkube_service_cidr": lab.service_cidr,
+                "superkube_hub_cidrs": lab.hub_cidrs,
+                "superkube_node_cidrs": lab.node_cidrs,
+                "nat_host_services": lab_services(lab),
             },
             "children": {
                 **children,
@@ -491,22 +529,16 @@ def up(nodes: int, progress: Progress, state_dir: Path = STATE_DIR, cache_dir: P
     if Lab.load(state_dir) is not None or _leftovers():
         raise LabError("a lab is already up (or left over); run `superkube lab down` first")
     base = build_base_image(lambda what, f: progress(what, 0.6 * f), cache_dir)
-    hosts, subnets, cluster, service = layout(nodes)
+    hosts, subnets, facts = layout(nodes)
     state_dir.mkdir(parents=True, exist_ok=True)
-    lab = Lab(
-        hosts=hosts,
-        subnets=subnets,
-        state_dir=str(state_dir),
-        base_image=str(base),
-        cluster_cidrs=cluster,
-        service_cidr=service,
-    )
+    lab = Lab(hosts=hosts, subnets=subnets, state_dir=str(state_dir), base_image=str(base), **facts)
     try:
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "superkube-lab", "-f", str(lab.key)])
         _ensure_switch(subnets)
         for i, h in enumerate(hosts):
             progress(f"network for {h.name}", 0.6 + 0.1 * i / len(hosts))
             _ensure_host_network(h, i)
+        _ensure_route_tables(lab.route_tables)
         for h in hosts:
             _prepare_root(lab, h)
         _write_known_hosts(lab)

@@ -1,0 +1,200 @@
+"""Converge a fleet with the playbooks, through ansible-runner (the project's only caller of it).
+
+A run reports per host: ok, changed, failed, unreachable, skipped, and the task each host is on,
+live. Hosts that failed or were unreachable are written to a retry file beside the inventory, so
+`superkube converge --retry` (or `--limit @FILE`) picks up exactly those.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+Settings = Literal["superkube", "stock"]
+
+
+class FleetError(Exception):
+    """A user error: one line, what and how to fix."""
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    task: str = ""  # the task the host is on (live), or its last one
+    message: str = ""  # the first failure or unreachable message
+
+    @property
+    def healthy(self) -> bool:
+        return not self.failed and not self.unreachable
+
+
+@dataclass
+class ConvergeResult:
+    hosts: dict[str, HostResult]
+    seconds: float
+    status: str
+    retry_file: str | None = None
+    playbook: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return sorted(h.host for h in self.hosts.values() if not h.healthy)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful" and not self.failed_hosts and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "playbook": self.playbook,
+            "hosts": {name: asdict(h) for name, h in sorted(self.hosts.items())},
+            "failed_hosts": self.failed_hosts,
+            "retry_file": self.retry_file,
+            "problems": self.problems,
+        }
+
+
+def retry_file(inventory: Path) -> Path:
+    return inventory.parent / f"{inventory.stem}.retry"
+
+
+def _message(event_data: dict[str, Any]) -> str:
+    res = event_data.get("res") or {}
+    text = res.get("msg") or res.get("stderr") or res.get("reason") or ""
+    return " ".join(str(text).split())[:300]
+
+
+def _use_this_environments_ansible() -> None:
+    """ansible-runner finds ansible-playbook on PATH; a venv's bin/ need not be on it."""
+    here = str(Path(sys.executable).parent)
+    if (Path(here) / "ansible-playbook").is_file() and here not in os.environ.get("PATH", "").split(
+        os.pathsep
+    ):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+    if shutil.which("ansible-playbook") is None:
+        raise FleetError("ansible-playbook not found; install superkube with its dependencies (make install)")
+
+
+def converge(
+    inventory: Path,
+    *,
+    playbook: str = "site.yml",
+    limit: str | None = None,
+    tags: str | None = None,
+    settings: Settings = "superkube",
+    extra_vars: dict[str, Any] | None = None,
+    on_update: Callable[[dict[str, HostResult]], None] | None = None,
+    forks: int | None = None,
+) -> ConvergeResult:
+    """Run a playbook over an inventory and summarise it per host."""
+    import ansible_runner
+
+    if not inventory.is_file():
+        raise FleetError(
+            f"--inventory {inventory}: no such file; start a lab (superkube lab up) or write one (superkube inventory)"
+        )
+    book = PLAYBOOKS / playbook
+    if not book.is_file():
+        raise FleetError(f"playbook {playbook}: not in {PLAYBOOKS}")
+    if limit and limit.startswith("@") and not Path(limit[1:]).is_file():
+        raise FleetError(f"--limit {limit}: no such retry file; the last run left nothing to retry")
+    hosts: dict[str, HostResult] = {}
+    problems: list[str] = []
+
+    def handle(event: dict[str, Any]) -> bool:
+        data = event.get("event_data") or {}
+        kind = event.get("event", "")
+        host = data.get("host")
+        if host:
+            row = hosts.setdefault(host, HostResult(host))
+            row.task = data.get("task", row.task)
+            if (
+                kind == "runner_on_failed" and not data.get("ignore_errors")
+            ) or kind == "runner_on_unreachable":
+                row.message = row.message or _message(data)
+        if kind in ("error", "verbose") and "ERROR!" in (event.get("stdout") or ""):
+            problems.append(" ".join(event["stdout"].split())[:300])
+        if on_update is not None:
+            on_update(hosts)
+        return True
+
+    _use_this_environments_ansible()
+    private = Path(tempfile.mkdtemp(prefix="superkube-runner-"))
+    env = {
+        "ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+    }
+    if settings == "superkube":
+        env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
+    else:  # stock: Ansible's own defaults, with a config file that sets nothing
+        stock = private / "stock.cfg"
+        stock.write_text("[defaults]\n")
+        env["ANSIBLE_CONFIG"] = str(stock)
+    if forks:
+        env["ANSIBLE_FORKS"] = str(forks)
+    started = time.perf_counter()
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private),
+            project_dir=str(PLAYBOOKS),
+            playbook=str(book),
+            inventory=str(inventory.resolve()),
+            limit=limit,
+            tags=tags,
+            extravars=extra_vars or {},
+            envvars=env,
+            event_handler=handle,
+            quiet=True,
+            suppress_env_files=True,
+        )
+        stats = runner.stats or {}
+        if runner.status != "successful" and not stats:
+            tail = (runner.stdout.read() if runner.stdout else "").strip().splitlines()[-3:]
+            problems.append(
+                " ".join(" ".join(tail).split())[:400] or f"ansible-playbook ended {runner.status}"
+            )
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    for key, attr in (
+        ("ok", "ok"),
+        ("changed", "changed"),
+        ("failures", "failed"),
+        ("dark", "unreachable"),
+        ("skipped", "skipped"),
+    ):
+        for host, n in (stats.get(key) or {}).items():
+            setattr(hosts.setdefault(host, HostResult(host)), attr, n)
+    result = ConvergeResult(
+        hosts=hosts,
+        seconds=time.perf_counter() - started,
+        status=runner.status,
+        playbook=str(book),
+        problems=problems,
+    )
+    retry = retry_file(inventory)
+    if result.failed_hosts:
+        retry.write_text("".join(f"{h}\n" for h in result.failed_hosts))
+        result.retry_file = str(retry)
+    elif retry.exists() and not limit:
+        retry.unlink()
+    elif retry.exists() and limit and limit == f"@{retry}":
+        os.unlink(retry)
+    return result
