@@ -26,6 +26,7 @@ lint: install-test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/superkube config-schema --check
+	cd playbooks && ../$(BIN)/ansible-lint -c ../.ansible-lint .
 
 debian-deps:
 	bash scripts/debian-deps.sh

@@ -122,12 +122,19 @@ def converge(
         data = event.get("event_data") or {}
         kind = event.get("event", "")
         host = data.get("host")
-        if host:
+        if host and kind.startswith("runner_on_"):
             row = hosts.setdefault(host, HostResult(host))
             row.task = data.get("task", row.task)
-            if (
-                kind == "runner_on_failed" and not data.get("ignore_errors")
-            ) or kind == "runner_on_unreachable":
+            if kind == "runner_on_ok":
+                row.ok += 1
+                row.changed += bool((data.get("res") or {}).get("changed"))
+            elif kind == "runner_on_skipped":
+                row.skipped += 1
+            elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+                row.failed += 1
+                row.message = row.message or _message(data)
+            elif kind == "runner_on_unreachable":
+                row.unreachable += 1
                 row.message = row.message or _message(data)
         if kind in ("error", "verbose") and "ERROR!" in (event.get("stdout") or ""):
             problems.append(" ".join(event["stdout"].split())[:300])
@@ -173,6 +180,9 @@ def converge(
             )
     finally:
         shutil.rmtree(private, ignore_errors=True)
+    if stats:  # the final stats are authoritative; the live counts were for the view
+        for row in hosts.values():
+            row.ok = row.changed = row.failed = row.unreachable = row.skipped = 0
     for key, attr in (
         ("ok", "ok"),
         ("changed", "changed"),

@@ -1,0 +1,134 @@
+"""`superkube converge` on the real lab: the fault case, idempotence, accounting and the NAT path.
+
+Runs in file order on the session's lab: the fault test converges the fleet for the first time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+from typer.testing import CliRunner
+
+from superkube import fleet as runner
+from superkube import lab
+from superkube.cli import app
+from tests.lab.conftest import sh
+
+STOPPED = ("cpu-2", "etcd-events-1")
+
+
+def test_two_hosts_stopped_mid_fleet_then_retried(fleet: lab.Lab) -> None:
+    stopper: list[threading.Thread] = []
+
+    def on_update(hosts: dict[str, runner.HostResult]) -> None:
+        # once the run is under way (facts gathered somewhere), power two hosts off
+        if not stopper and any(h.ok >= 2 for h in hosts.values()):
+            t = threading.Thread(target=lambda: [lab.stop_host(name) for name in STOPPED])
+            stopper.append(t)
+            t.start()
+
+    first = runner.converge(fleet.inventory, on_update=on_update)
+    stopper[0].join()
+    assert not first.ok
+    assert first.failed_hosts == sorted(STOPPED), first.to_dict()
+    for name, h in first.hosts.items():
+        if name not in STOPPED:
+            assert h.healthy and h.changed > 0, (name, h)
+    assert runner.retry_file(fleet.inventory).read_text().split() == sorted(STOPPED)
+
+    # while they are down, the CLI names the two and exits non-zero
+    result = CliRunner().invoke(app, ["converge", "--limit", ",".join(STOPPED)])
+    assert result.exit_code == 1
+    assert all(f"{name} unreachable" in result.stdout for name in STOPPED), result.stdout
+
+    for name in STOPPED:
+        lab.start_host(name)
+    retried = CliRunner().invoke(app, ["converge", "--retry", "--output", "json"])
+    assert retried.exit_code == 0, retried.stdout
+    summary = json.loads(retried.stdout)
+    assert sorted(summary["hosts"]) == sorted(STOPPED) and summary["ok"]
+    assert not runner.retry_file(fleet.inventory).exists()
+    # nothing half-applied: the rules are whole and hooked, the exporter answers
+    for name in STOPPED:
+        assert "SUPERKUBE-ACCT-IN" in sh(fleet, name, "iptables -t mangle -S INPUT")
+        assert sh(
+            fleet, name, "systemctl is-active superkube-iptables@accounting superkube-iptables-exporter"
+        ).split() == ["active", "active"]
+
+
+def test_a_second_converge_changes_nothing(fleet: lab.Lab) -> None:
+    result = runner.converge(fleet.inventory)
+    assert result.ok, result.to_dict()
+    assert len(result.hosts) == 8
+    assert {name: h.changed for name, h in result.hosts.items()} == {name: 0 for name in result.hosts}
+
+
+def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
+    text = sh(fleet_, host, "curl -s -m 5 http://127.0.0.1:9455/metrics")
+    out = {}
+    for m in re.finditer(r"^iptables_rule_bytes_total\{([^}]*)\} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        assert labels["cluster"] == "flagship" and labels["table"] == "mangle"
+        out[labels["traffic"]] = float(m.group(2))
+    assert "iptables_scrape_success 1.0" in text
+    return out
+
+
+def test_internet_traffic_is_counted_and_internal_traffic_is_not(fleet: lab.Lab) -> None:
+    internet = fleet.host("internet").address
+    peer = fleet.host("cpu-1").address
+    before = counters(fleet, "gpu-1")
+    assert set(before) == {"internet-in", "internet-out"}
+    assert (
+        sh(fleet, "gpu-1", f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{peer}:9100/metrics")
+        == "200"
+    )
+    internal = counters(fleet, "gpu-1")
+    assert internal == before, "node-to-node traffic is internal"
+    assert (
+        sh(fleet, "gpu-1", f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{internet}:9100/metrics")
+        == "200"
+    )
+    after = counters(fleet, "gpu-1")
+    assert after["internet-out"] > before["internet-out"]
+    assert after["internet-in"] > before["internet-in"] + 10_000, (
+        "the response body came in from the internet"
+    )
+
+
+def test_hub_reaches_a_service_address_through_the_nat_host(fleet: lab.Lab) -> None:
+    (service,) = lab.lab_services(fleet)
+    backend = next(h for h in fleet.hosts if h.address == service["backend"])
+    sh(
+        fleet,
+        backend.name,
+        f"systemd-run --unit=lab-web-{int(time.time())} --working-directory=/tmp python3 -m http.server {service['port']}",
+    )
+    deadline = time.monotonic() + 20
+    code = ""
+    while time.monotonic() < deadline and code != "200":
+        code = sh(
+            fleet,
+            "hub-client",
+            f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' http://{service['vip']}:{service['port']}/ || true",
+        )
+    assert code == "200"
+    # the backend saw the NAT host, so its reply went back through it
+    nat_ip = fleet.host("nat").address
+    assert nat_ip in sh(fleet, backend.name, f"ss -tn state time-wait '( sport = :{service['port']} )'")
+    # without the NAT host's rules the service address is unreachable
+    sh(fleet, "nat", "iptables -t nat -D PREROUTING -j SUPERKUBE-NAT-PRE")
+    try:
+        assert (
+            sh(
+                fleet,
+                "hub-client",
+                f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' http://{service['vip']}:{service['port']}/ || true",
+            )
+            != "200"
+        )
+    finally:
+        sh(fleet, "nat", "systemctl restart superkube-iptables@nat")
