@@ -549,6 +549,32 @@ def converge(
         raise typer.Exit(1)
 
 
+@app.command()
+def inventory(
+    stack: StackOpt = "dev",
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Write to this file (name it *.azure_rm.yml).")
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """Write the Azure dynamic-inventory config: hosts grouped by the role tags the program sets."""
+    from superkube import inventory as inv
+    from superkube import plan as planning
+
+    if out_file is not None and not out_file.name.endswith(("azure_rm.yml", "azure_rm.yaml")):
+        fail(f"--out {out_file}: the azure_rm plugin only reads files named *.azure_rm.yml; rename it")
+    try:
+        _, spec, addresses = planning.load(_project(project), stack)
+    except SpecError as exc:
+        fail(str(exc))
+    text = inv.render(spec, addresses)
+    if out_file is None:
+        sys.stdout.write(text)
+    else:
+        _write_atomically(out_file, text)
+        out.print(f"inventory written to {out_file}")
+
+
 @app.command("config-schema")
 def config_schema(
     write: Annotated[bool, typer.Option("--write", help="Rewrite Pulumi.yaml from the spec.")] = False,

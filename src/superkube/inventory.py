@@ -1,0 +1,66 @@
+"""Ansible inventory for real clusters: the Azure dynamic-inventory configuration.
+
+The Pulumi program tags every VM and scale set with `superkube-role` (gpu_nodes, cpu_nodes,
+nat_host, etcd_main, etcd_events, apiservers); the azure.azcollection.azure_rm plugin turns those
+tags into the same groups the lab's inventory has, and the stack's network facts become host
+variables the roles read (superkube_cluster, superkube_cluster_cidrs, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from superkube.ipam import AddressPlan
+from superkube.lab import GROUPS
+from superkube.spec import ClusterSpec
+
+
+def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
+    cluster = addresses.cluster
+    groups = [f"rg-{cluster}", f"rg-{cluster}-hub"]
+    facts = {
+        "superkube_cluster": cluster,
+        "superkube_cluster_cidrs": [
+            str(addresses.spoke.address_space),
+            str(addresses.hub.address_space),
+            spec.service_cidr,
+        ],
+        "superkube_service_cidr": spec.service_cidr,
+        "superkube_hub_cidrs": [str(addresses.hub.address_space)],
+        "superkube_node_cidrs": [str(addresses.spoke.address_space)],
+    }
+    return {
+        "plugin": "azure.azcollection.azure_rm",
+        "auth_source": "auto",
+        "include_vm_resource_groups": list(groups),
+        "include_vmss_resource_groups": list(groups),
+        "plain_host_names": True,
+        # nodes have no public IPs: Ansible reaches them on their private address, through the hub
+        "hostvar_expressions": {
+            "ansible_host": "private_ipv4_addresses | first",
+            "ansible_user": f"'{spec.admin_username}'",
+            # constant expressions: a quoted string, or a JSON list (which is also a Jinja list literal)
+            **{k: json.dumps(v) if isinstance(v, list) else f"'{v}'" for k, v in facts.items()},
+        },
+        "exclude_host_filters": [f"tags['cluster'] | default('') != '{cluster}'", "powerstate != 'running'"],
+        "keyed_groups": [
+            {"prefix": "", "separator": "", "key": "tags['superkube-role'] | default('untagged')"}
+        ],
+        "conditional_groups": {
+            "cluster": f"tags['superkube-role'] | default('') in {json.dumps(list(GROUPS))}"
+        },
+    }
+
+
+def render(spec: ClusterSpec, addresses: AddressPlan) -> str:
+    header = (
+        "# Azure dynamic inventory for cluster "
+        f"{addresses.cluster}, written by `superkube inventory`.\n"
+        "# Use: ansible-inventory -i this-file.azure_rm.yml --graph (needs azure.azcollection and Azure credentials)\n"
+    )
+    dumper = yaml.SafeDumper
+    dumper.ignore_aliases = lambda self, data: True  # type: ignore[method-assign]
+    return header + yaml.dump(azure_rm(spec, addresses), Dumper=dumper, sort_keys=False, width=120)
