@@ -98,3 +98,15 @@ def test_bad_host_names_are_user_errors(fleet: lab.Lab) -> None:
 
 def test_runs_as_root() -> None:
     assert os.geteuid() == 0, "the lab tests need root; CI runs as root"
+
+
+def test_layouts_of_every_size_are_routable() -> None:
+    for n in (1, 2, 4, 8, 12):
+        hosts, subnets, facts = lab.layout(n)
+        assert len(hosts) == n + 2
+        for h in hosts:
+            assert any(IPv4Address(h.address) in IPv4Network(s) for s in subnets)
+        for source, _, via in facts["route_tables"]:
+            assert any(IPv4Address(via) in IPv4Network(s) for s in subnets), "the next hop is on a routed subnet"
+            assert source in subnets
+        assert bool(facts["route_tables"]) == any(h.group == "nat_host" for h in hosts)
