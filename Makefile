@@ -34,6 +34,8 @@ debian-deps:
 test: lint debian-deps
 	$(BIN)/python -m pytest
 
-bench: install-test
+bench: install-test debian-deps
 	$(BIN)/python bench/plan.py
 	$(BIN)/python bench/check.py
+	$(BIN)/python bench/exporter.py
+	$(BIN)/python bench/converge.py

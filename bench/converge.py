@@ -40,13 +40,19 @@ def cell(hosts: int, settings: fleet.Settings) -> dict[str, float | int | str]:
 
 def main() -> None:
     rows = [cell(n, s) for n in SIZES for s in ("stock", "superkube")]
-    print(f"{'hosts':>5} {'settings':<10} {'first converge s':>17} {'second converge s':>18} {'changed on 2nd':>15}")
+    print(
+        f"{'hosts':>5} {'settings':<10} {'first converge s':>17} {'second converge s':>18} {'changed on 2nd':>15}"
+    )
     for r in rows:
-        print(f"{r['hosts']:>5} {r['settings']:<10} {r['first_s']:>17.1f} {r['second_s']:>18.1f} {r['changed_second']:>15}")
+        print(
+            f"{r['hosts']:>5} {r['settings']:<10} {r['first_s']:>17.1f} {r['second_s']:>18.1f} {r['changed_second']:>15}"
+        )
     for n in SIZES:
         stock = next(r for r in rows if r["hosts"] == n and r["settings"] == "stock")
         ours = next(r for r in rows if r["hosts"] == n and r["settings"] == "superkube")
-        print(f"{n} host(s): superkube/stock first {float(ours['first_s']) / float(stock['first_s']):.2f}x, second {float(ours['second_s']) / float(stock['second_s']):.2f}x")
+        print(
+            f"{n} host(s): superkube/stock first {float(ours['first_s']) / float(stock['first_s']):.2f}x, second {float(ours['second_s']) / float(stock['second_s']):.2f}x"
+        )
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
     (ROOT / "bench" / "results" / "converge.json").write_text(json.dumps(rows, indent=2) + "\n")
 

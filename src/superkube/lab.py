@@ -300,7 +300,9 @@ def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
         "hub_cidrs": [str(addresses.hub.address_space)],
         "node_cidrs": [str(addresses.spoke.address_space)],
         # The hub's route table in Azure: from the shared subnet, the service CIDR goes to the NAT host.
-        "route_tables": [[str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]]
+        "route_tables": [
+            [str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]
+        ]
         if any(h.group == "nat_host" for h in hosts)
         else [],
     }

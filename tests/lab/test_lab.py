@@ -107,6 +107,8 @@ def test_layouts_of_every_size_are_routable() -> None:
         for h in hosts:
             assert any(IPv4Address(h.address) in IPv4Network(s) for s in subnets)
         for source, _, via in facts["route_tables"]:
-            assert any(IPv4Address(via) in IPv4Network(s) for s in subnets), "the next hop is on a routed subnet"
+            assert any(IPv4Address(via) in IPv4Network(s) for s in subnets), (
+                "the next hop is on a routed subnet"
+            )
             assert source in subnets
         assert bool(facts["route_tables"]) == any(h.group == "nat_host" for h in hosts)
