@@ -66,6 +66,20 @@ def test_a_second_converge_changes_nothing(fleet: lab.Lab) -> None:
     assert {name: h.changed for name, h in result.hosts.items()} == {name: 0 for name in result.hosts}
 
 
+def test_rules_come_back_at_boot_without_a_converge(fleet: lab.Lab) -> None:
+    for name in ("gpu-2", "nat"):
+        lab.stop_host(name)
+        lab.start_host(name)
+    booted = lab.Lab.load()
+    assert booted is not None
+    for name in ("gpu-2", "nat"):
+        hooks = sh(booted, name, "iptables -t mangle -S INPUT; iptables -t mangle -S OUTPUT")
+        assert "-j SUPERKUBE-ACCT-IN" in hooks and "-j SUPERKUBE-ACCT-OUT" in hooks
+        assert "traffic=internet-out" in sh(booted, name, "iptables -t mangle -S SUPERKUBE-ACCT-OUT")
+    assert "-j SUPERKUBE-NAT-POST" in sh(booted, "nat", "iptables -t nat -S POSTROUTING")
+    assert sh(booted, "nat", "sysctl -n net.ipv4.ip_forward").strip() == "1"
+
+
 def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
     text = sh(fleet_, host, "curl -s -m 5 http://127.0.0.1:9455/metrics")
     out = {}
@@ -115,7 +129,18 @@ def test_hub_reaches_a_service_address_through_the_nat_host(fleet: lab.Lab) -> N
             "hub-client",
             f"curl -s -m 3 -o /dev/null -w '%{{http_code}}' http://{service['vip']}:{service['port']}/ || true",
         )
-    assert code == "200"
+    if code != "200":  # say why: the NAT host's view and the backend's listener
+        nat_state = sh(
+            fleet,
+            "nat",
+            "iptables -t nat -S; sysctl net.ipv4.ip_forward; conntrack -L 2>/dev/null | head -5 || true",
+        )
+        listening = sh(
+            fleet,
+            backend.name,
+            f"ss -ltn '( sport = :{service['port']} )'; systemctl list-units 'lab-web-*' --no-legend",
+        )
+        raise AssertionError(f"hub-client got {code!r}\nNAT host:\n{nat_state}\nbackend:\n{listening}")
     # the backend saw the NAT host, so its reply went back through it
     nat_ip = fleet.host("nat").address
     assert nat_ip in sh(fleet, backend.name, f"ss -tn state time-wait '( sport = :{service['port']} )'")
