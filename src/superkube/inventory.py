@@ -14,8 +14,21 @@ from typing import Any
 import yaml
 
 from superkube.ipam import AddressPlan
-from superkube.lab import GROUPS
 from superkube.spec import ClusterSpec
+
+# The groups every inventory has, lab or Azure: the values of the superkube-role tag.
+GROUPS = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
+
+
+def network_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
+    """What the roles need to know of the cluster's network (inventory vars, without the prefix)."""
+    spoke, hub = str(addresses.spoke.address_space), str(addresses.hub.address_space)
+    return {
+        "cluster_cidrs": [spoke, hub, spec.service_cidr],
+        "service_cidr": spec.service_cidr,
+        "hub_cidrs": [hub],
+        "node_cidrs": [spoke],
+    }
 
 
 def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
@@ -23,14 +36,7 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     groups = [f"rg-{cluster}", f"rg-{cluster}-hub"]
     facts = {
         "superkube_cluster": cluster,
-        "superkube_cluster_cidrs": [
-            str(addresses.spoke.address_space),
-            str(addresses.hub.address_space),
-            spec.service_cidr,
-        ],
-        "superkube_service_cidr": spec.service_cidr,
-        "superkube_hub_cidrs": [str(addresses.hub.address_space)],
-        "superkube_node_cidrs": [str(addresses.spoke.address_space)],
+        **{f"superkube_{k}": v for k, v in network_facts(spec, addresses).items()},
     }
     return {
         "plugin": "azure.azcollection.azure_rm",
