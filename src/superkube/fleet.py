@@ -149,6 +149,11 @@ def converge(
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_HOST_KEY_CHECKING": "True",
     }
+    # SSH masters and cached facts belong to this inventory's hosts: a new lab at the same
+    # addresses must not reuse a master whose connection went with the old one.
+    scope = inventory.resolve().parent / ".ansible" / inventory.stem
+    env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(scope / "cp")
+    env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(scope / "facts")
     if settings == "superkube":
         env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
     else:  # stock: Ansible's own defaults, with a config file that sets nothing

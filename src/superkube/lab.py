@@ -16,6 +16,7 @@ lab; Ansible reaches hosts through a ProxyCommand that enters the switch namespa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from superkube.inventory import GROUPS, network_facts
 from superkube.ipam import FIRST_HOST_OFFSET
 
 PREFIX = "sklab"
@@ -62,7 +64,6 @@ BASE_PACKAGES = (
 IMAGE_RECIPE = 1  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them  # benchmarking range: outside every cluster CIDR
-GROUPS = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
 ROLE_CYCLE = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
@@ -290,15 +291,8 @@ def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
     place("hub-client", "hub", addresses.subnet("shared").cidr)
     place("internet", "internet", INTERNET)
     subnets = sorted({f"{IPv4Network((h.address, h.prefixlen), strict=False)}" for h in hosts})
-    facts = {
-        "cluster_cidrs": [
-            str(addresses.spoke.address_space),
-            str(addresses.hub.address_space),
-            spec.service_cidr,
-        ],
-        "service_cidr": spec.service_cidr,
-        "hub_cidrs": [str(addresses.hub.address_space)],
-        "node_cidrs": [str(addresses.spoke.address_space)],
+    facts: dict[str, Any] = {
+        **network_facts(spec, addresses),
         # The hub's route table in Azure: from the shared subnet, the service CIDR goes to the NAT host.
         "route_tables": [
             [str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]
@@ -376,6 +370,13 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
     host_key = merged / "etc" / "ssh" / "ssh_host_ed25519_key"
     if not host_key.exists():
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(host_key)])
+    # A VM image's apt lists are as old as the image. Age them so that a role which would refresh
+    # a stale cache (and fail with no mirror in reach) fails here on every run, not only once the
+    # cached base image passes some age.
+    apt_state = merged / "var" / "lib" / "apt"
+    for stale in (apt_state / "lists", apt_state / "periodic" / "update-success-stamp"):
+        if stale.exists():
+            os.utime(stale, (0, 0))
     return merged
 
 
@@ -435,7 +436,9 @@ def ssh_base(lab: Lab) -> list[str]:
 
 
 def proxy_command() -> str:
-    return f"ip netns exec {SWITCH} nc -w 10 %h %p"
+    # no nc -w: it also closes idle connections, which kills SSH masters between tasks;
+    # ssh's ConnectTimeout bounds the connect
+    return f"ip netns exec {SWITCH} nc %h %p"
 
 
 def ssh(lab: Lab, host: Host, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -637,22 +640,76 @@ def _terminate(pid: int | None, grace: float = 30) -> None:
 
 
 def _leftovers() -> list[str]:
-    found = []
-    netns = run(["ip", "netns", "list"], check=False).stdout.split("\n")
-    found += [f"netns {line.split()[0]}" for line in netns if line.startswith(f"{PREFIX}-")]
+    found = [f"netns {name}" for name in _lab_namespaces()]
     for line in Path("/proc/mounts").read_text().splitlines():
         target = line.split()[1]
         if target.startswith(str(STATE_DIR)):
             found.append(f"mount {target}")
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
+    found += [f"process {pid}" for pid in _lab_processes() + _lab_clients(STATE_DIR)]
+    return found
+
+
+def _wait_gone(pids: Iterable[int], timeout: float = 10) -> None:
+    """Wait until killed processes have exited (a zombie counts as gone)."""
+    end = time.monotonic() + timeout
+    pending = set(pids)
+    while pending and time.monotonic() < end:
+        for pid in list(pending):
             try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "Z"
+            if state == "Z":
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.05)
+
+
+def _lab_namespaces() -> list[str]:
+    lines = run(["ip", "netns", "list"], check=False).stdout.splitlines()
+    return [line.split()[0] for line in lines if line.startswith(f"{PREFIX}-")]
+
+
+def _namespace_pids(name: str) -> list[int]:
+    return [int(p) for p in run(["ip", "netns", "pids", name], check=False).stdout.split() if p.isdigit()]
+
+
+def _lab_processes() -> list[int]:
+    """PIDs of every systemd-nspawn running a lab host, whether or not a state file knows them."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
             if cmd.startswith(b"systemd-nspawn") and f"--machine={PREFIX}-".encode() in cmd:
-                found.append(f"process {pid}")
-    return found
+                pids.append(int(entry))
+    return pids
+
+
+def _lab_clients(state_dir: Path) -> list[int]:
+    """PIDs of processes that use the lab's files: above all SSH masters whose control sockets
+    live in the state dir and would outlive it (ControlPersist). Never this process or its parents."""
+    ours = set()
+    pid = os.getpid()
+    while pid > 1:
+        ours.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    needle = str(state_dir).encode() + b"/"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in ours:
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle in cmd and not cmd.startswith(b"systemd-nspawn"):
+                pids.append(int(entry))
+    return pids
 
 
 def down(state_dir: Path = STATE_DIR) -> list[str]:
@@ -660,14 +717,7 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
     removed: list[str] = []
     lab = Lab.load(state_dir)
     pids = [h.pid for h in lab.hosts] if lab else []
-    for pid_dir in os.listdir("/proc"):
-        if pid_dir.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid_dir}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmd.startswith(b"systemd-nspawn") and f"--machine={PREFIX}-".encode() in cmd:
-                pids.append(int(pid_dir))
+    pids += _lab_processes()
     for pid in set(p for p in pids if p):
         if alive(pid):
             _terminate(pid)
@@ -679,11 +729,23 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
             if os.path.ismount(target):
                 run(["umount", "-l", target], check=False)
             removed.append(f"mount {target}")
-    for line in run(["ip", "netns", "list"], check=False).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if name.startswith(f"{PREFIX}-"):
-            run(["ip", "netns", "del", name], check=False)  # deleting a netns removes its veth ends
-            removed.append(f"netns {name}")
+    for name in _lab_namespaces():
+        # Whatever still runs in a lab namespace (SSH ProxyCommands above all) would keep it, and
+        # its dead connections, alive after `ip netns del`: end it first.
+        killed = _namespace_pids(name)
+        for pid in killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            removed.append(f"process {pid} in {name}")
+        _wait_gone(killed)
+        run(["ip", "netns", "del", name], check=False)  # deleting a netns removes its veth ends
+        removed.append(f"netns {name}")
+    clients = _lab_clients(state_dir)
+    for pid in clients:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        removed.append(f"process {pid} (client)")
+    _wait_gone(clients)
     if state_dir.exists():
         shutil.rmtree(state_dir)
         removed.append(f"state {state_dir}")

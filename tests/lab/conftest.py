@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,8 +15,20 @@ def fleet() -> Iterator[lab.Lab]:
     lab.down()  # a lab left by an interrupted run must not fail this one
     started = lab.up(8, lambda what, fraction: None)
     yield started
+    in_lab = [pid for name in lab._lab_namespaces() for pid in lab._namespace_pids(name)]
+    clients = lab._lab_clients(lab.STATE_DIR)
     lab.down()
     assert lab._leftovers() == []
+    still = [pid for pid in in_lab + clients if _running(pid)]
+    assert still == [], f"processes of the lab outlived lab down: {still}"
+
+
+def _running(pid: int) -> bool:
+    """Whether pid still runs (an exited child nobody has reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def sh(fleet: lab.Lab, host: str, command: str) -> str:
