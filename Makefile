@@ -31,7 +31,8 @@ lint: install-test
 debian-deps:
 	bash scripts/debian-deps.sh
 
-test: lint debian-deps
+# Debian packages first: the virtualenv itself may need python3-venv
+test: debian-deps lint
 	$(BIN)/python -m pytest
 
 bench: install-test debian-deps

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Install the Debian packages the tests use (the lab's tools), only those missing. Needs root.
+# Install the Debian packages the tests use, only those missing. Needs root.
+#   python3-venv       the project's virtualenv on a stock Debian python3
+#   debootstrap, systemd-container, iproute2, openssh-client, netcat-openbsd   the lab
+#   iptables           the lab's switch and the exporter tests (iptables-save/-restore)
 set -euo pipefail
-packages=(debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd)
+packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
