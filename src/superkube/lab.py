@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -62,9 +62,8 @@ BASE_PACKAGES = (
     "netcat-openbsd",
 )
 IMAGE_RECIPE = 1  # bump when the image steps below change
-INTERNET = IPv4Network("198.18.0.0/24")
-LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them  # benchmarking range: outside every cluster CIDR
-ROLE_CYCLE = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
+INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
+LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
@@ -277,7 +276,8 @@ def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
 
     counts: dict[str, int] = {}
     for i in range(nodes):
-        group = ROLE_CYCLE[i] if i < len(ROLE_CYCLE) else ("gpu_nodes", "cpu_nodes")[i % 2]
+        # one host of each group first, then GPU and CPU nodes in turn
+        group = GROUPS[i] if i < len(GROUPS) else ("gpu_nodes", "cpu_nodes")[i % 2]
         counts[group] = counts.get(group, 0) + 1
         name = f"{group.removesuffix('_nodes').replace('_', '-')}-{counts[group]}"
         if group == "nat_host":
@@ -649,20 +649,36 @@ def _leftovers() -> list[str]:
     return found
 
 
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name: [state, ppid, ...]; [] once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def running(pid: int) -> bool:
+    """Whether pid still runs (an exited child nobody has reaped yet does not)."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
 def _wait_gone(pids: Iterable[int], timeout: float = 10) -> None:
-    """Wait until killed processes have exited (a zombie counts as gone)."""
     end = time.monotonic() + timeout
     pending = set(pids)
     while pending and time.monotonic() < end:
-        for pid in list(pending):
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                state = "Z"
-            if state == "Z":
-                pending.discard(pid)
+        pending = {pid for pid in pending if running(pid)}
         if pending:
             time.sleep(0.05)
+
+
+def _end(pids: list[int], sig: signal.Signals, label: str, removed: list[str]) -> None:
+    """Signal every pid, note it in `removed`, and wait until they have exited."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        removed.append(f"process {pid} {label}".rstrip())
+    _wait_gone(pids)
 
 
 def _lab_namespaces() -> list[str]:
@@ -674,18 +690,19 @@ def _namespace_pids(name: str) -> list[int]:
     return [int(p) for p in run(["ip", "netns", "pids", name], check=False).stdout.split() if p.isdigit()]
 
 
-def _lab_processes() -> list[int]:
-    """PIDs of every systemd-nspawn running a lab host, whether or not a state file knows them."""
-    pids = []
+def _cmdlines() -> Iterator[tuple[int, bytes]]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                yield int(entry), Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if cmd.startswith(b"systemd-nspawn") and f"--machine={PREFIX}-".encode() in cmd:
-                pids.append(int(entry))
-    return pids
+
+
+def _lab_processes() -> list[int]:
+    """PIDs of every systemd-nspawn running a lab host, whether or not a state file knows them."""
+    machine = f"--machine={PREFIX}-".encode()
+    return [pid for pid, cmd in _cmdlines() if cmd.startswith(b"systemd-nspawn") and machine in cmd]
 
 
 def _lab_clients(state_dir: Path) -> list[int]:
@@ -693,23 +710,16 @@ def _lab_clients(state_dir: Path) -> list[int]:
     live in the state dir and would outlive it (ControlPersist). Never this process or its parents."""
     ours = set()
     pid = os.getpid()
-    while pid > 1:
+    while pid > 1 and pid not in ours:
         ours.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
+        fields = _stat(pid)
+        pid = int(fields[1]) if len(fields) > 1 else 0
     needle = str(state_dir).encode() + b"/"
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in ours:
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if needle in cmd and not cmd.startswith(b"systemd-nspawn"):
-                pids.append(int(entry))
-    return pids
+    return [
+        pid
+        for pid, cmd in _cmdlines()
+        if pid not in ours and needle in cmd and not cmd.startswith(b"systemd-nspawn")
+    ]
 
 
 def down(state_dir: Path = STATE_DIR) -> list[str]:
@@ -732,20 +742,10 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
     for name in _lab_namespaces():
         # Whatever still runs in a lab namespace (SSH ProxyCommands above all) would keep it, and
         # its dead connections, alive after `ip netns del`: end it first.
-        killed = _namespace_pids(name)
-        for pid in killed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            removed.append(f"process {pid} in {name}")
-        _wait_gone(killed)
+        _end(_namespace_pids(name), signal.SIGKILL, f"in {name}", removed)
         run(["ip", "netns", "del", name], check=False)  # deleting a netns removes its veth ends
         removed.append(f"netns {name}")
-    clients = _lab_clients(state_dir)
-    for pid in clients:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        removed.append(f"process {pid} (client)")
-    _wait_gone(clients)
+    _end(_lab_clients(state_dir), signal.SIGTERM, "(client)", removed)
     if state_dir.exists():
         shutil.rmtree(state_dir)
         removed.append(f"state {state_dir}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,16 +18,8 @@ def fleet() -> Iterator[lab.Lab]:
     clients = lab._lab_clients(lab.STATE_DIR)
     lab.down()
     assert lab._leftovers() == []
-    still = [pid for pid in in_lab + clients if _running(pid)]
+    still = [pid for pid in in_lab + clients if lab.running(pid)]
     assert still == [], f"processes of the lab outlived lab down: {still}"
-
-
-def _running(pid: int) -> bool:
-    """Whether pid still runs (an exited child nobody has reaped yet does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def sh(fleet: lab.Lab, host: str, command: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 import pytest
 
@@ -28,183 +29,65 @@ def sset(capacity: int, pool: str = "gpu") -> ScaleSetPlan:
     )
 
 
-@pytest.mark.parametrize(
-    ("build", "field"),
-    [
-        (
-            lambda: EtcdClusterArgs(
-                cluster="x",
-                role="main",
-                location="eastus",
-                resource_group_name="rg",
-                subnet_id="s",
-                member_ips=["10.0.0.4"] * 3,
-                vm_size="Standard_E8s_v5",
-                disk_sku="Premium_LRS",
-                disk_gb=64,
-                **LOGIN,
-            ),
-            "member_ips",
-        ),
-        (
-            lambda: EtcdClusterArgs(
-                cluster="x",
-                role="main",
-                location="eastus",
-                resource_group_name="rg",
-                subnet_id="s",
-                member_ips=["a", "b", "c", "d"],
-                vm_size="Standard_E8s_v5",
-                disk_sku="Premium_LRS",
-                disk_gb=64,
-                **LOGIN,
-            ),
-            "member_ips",
-        ),
-        (
-            lambda: EtcdClusterArgs(
-                cluster="x",
-                role="events",
-                location="eastus",
-                resource_group_name="rg",
-                subnet_id="s",
-                member_ips=["a", "b", "c"],
-                vm_size="Standard_E8s_v5",
-                disk_sku="Standard_LRS",
-                disk_gb=64,
-                **LOGIN,
-            ),
-            "disk_sku",
-        ),
-        (
-            lambda: ApiServersArgs(
-                cluster="x",
-                location="eastus",
-                subscription_id="s",
-                resource_group_name="rg",
-                subnet_id="s",
-                frontend_ip="10.0.0.4",
-                member_ips=["a", "b", "c", "d"],
-                vm_size="Standard_D8s_v5",
-                **LOGIN,
-            ),
-            "member_ips",
-        ),
-        (
-            lambda: ApiServersArgs(
-                cluster="x",
-                location="eastus",
-                subscription_id="s",
-                resource_group_name="rg",
-                subnet_id="s",
-                frontend_ip="a",
-                member_ips=["a", "b", "c"],
-                vm_size="Standard_D8s_v5",
-                **LOGIN,
-            ),
-            "frontend_ip",
-        ),
-        (
-            lambda: MachineArgs(
-                vm_name="v" * 65,
-                location="eastus",
-                resource_group_name="rg",
-                subnet_id="s",
-                private_ip="10.0.0.4",
-                vm_size="Standard_D2s_v5",
-                tags={"superkube-role": "x"},
-                **LOGIN,
-            ),
-            "vm_name",
-        ),
-        (
-            lambda: MachineArgs(
-                vm_name="v",
-                location="eastus",
-                resource_group_name="rg",
-                subnet_id="s",
-                private_ip="10.0.0.4",
-                vm_size="Standard_D2s_v5",
-                tags={},
-                **LOGIN,
-            ),
-            "tags",
-        ),
-        (
-            lambda: NatHostArgs(
-                cluster="x",
-                location="eastus",
-                resource_group_name="rg",
-                subnet_id="s",
-                private_ip="10.0.0.4",
-                route_table_name="rt",
-                service_cidr="10.128.0.0",
-                vm_size="Standard_D2s_v5",
-                **LOGIN,
-            ),
-            "service_cidr",
-        ),
-        (
-            lambda: HubArgs(
-                cluster="x",
-                location="eastus",
-                resource_group_name="rg",
-                address_space="10.0.0.0/24",
-                subnets=(SubnetPlan("hub", "nat", ipaddress.IPv4Network("10.0.0.0/29"), "nat", 1, 1),),
-            ),
-            "subnets",
-        ),
-        (
-            lambda: NodePoolArgs(
-                cluster="x",
-                location="eastus",
-                resource_group_name="rg",
-                pool=POOL,
-                scale_sets=[sset(9)],
-                subnet_ids={"gpu-0": "s"},
-                apiserver_endpoint="https://a:6443",
-                kubernetes_version="1.31.4",
-                **LOGIN,
-            ),
-            "scale_sets",
-        ),
-        (
-            lambda: NodePoolArgs(
-                cluster="x",
-                location="eastus",
-                resource_group_name="rg",
-                pool=POOL,
-                scale_sets=[sset(10, pool="cpu")],
-                subnet_ids={"gpu-0": "s"},
-                apiserver_endpoint="https://a:6443",
-                kubernetes_version="1.31.4",
-                **LOGIN,
-            ),
-            "scale_sets",
-        ),
-        (
-            lambda: NodePoolArgs(
-                cluster="x",
-                location="eastus",
-                resource_group_name="rg",
-                pool=POOL,
-                scale_sets=[sset(10)],
-                subnet_ids={},
-                apiserver_endpoint="https://a:6443",
-                kubernetes_version="1.31.4",
-                **LOGIN,
-            ),
-            "subnet_ids",
-        ),
-    ],
-)
-def test_bad_args_name_the_field(build: object, field: str) -> None:
-    with pytest.raises(ValueError, match=rf"^{field}: "):
-        build()  # type: ignore[operator]
+NAT_SUBNET = SubnetPlan("hub", "nat", ipaddress.IPv4Network("10.0.0.0/29"), "nat", 1, 1)
 
-
-def test_good_args_construct() -> None:
-    args = NodePoolArgs(
+# Arguments each component accepts; every case below changes one field of these.
+GOOD: dict[type, dict[str, Any]] = {
+    EtcdClusterArgs: dict(
+        cluster="x",
+        role="main",
+        location="eastus",
+        resource_group_name="rg",
+        subnet_id="s",
+        member_ips=["a", "b", "c"],
+        vm_size="Standard_E8s_v5",
+        disk_sku="Premium_LRS",
+        disk_gb=64,
+        **LOGIN,
+    ),
+    ApiServersArgs: dict(
+        cluster="x",
+        location="eastus",
+        subscription_id="s",
+        resource_group_name="rg",
+        subnet_id="s",
+        frontend_ip="10.0.0.4",
+        member_ips=["a", "b", "c"],
+        vm_size="Standard_D8s_v5",
+        **LOGIN,
+    ),
+    MachineArgs: dict(
+        vm_name="v",
+        location="eastus",
+        resource_group_name="rg",
+        subnet_id="s",
+        private_ip="10.0.0.4",
+        vm_size="Standard_D2s_v5",
+        tags={"superkube-role": "x"},
+        **LOGIN,
+    ),
+    NatHostArgs: dict(
+        cluster="x",
+        location="eastus",
+        resource_group_name="rg",
+        subnet_id="s",
+        private_ip="10.0.0.4",
+        route_table_name="rt",
+        service_cidr="10.128.0.0/16",
+        vm_size="Standard_D2s_v5",
+        **LOGIN,
+    ),
+    HubArgs: dict(
+        cluster="x",
+        location="eastus",
+        resource_group_name="rg",
+        address_space="10.0.0.0/24",
+        subnets=(
+            NAT_SUBNET,
+            SubnetPlan("hub", "shared", ipaddress.IPv4Network("10.0.0.128/25"), "shared", 1, 1),
+        ),
+    ),
+    NodePoolArgs: dict(
         cluster="x",
         location="eastus",
         resource_group_name="rg",
@@ -214,5 +97,37 @@ def test_good_args_construct() -> None:
         apiserver_endpoint="https://a:6443",
         kubernetes_version="1.31.4",
         **LOGIN,
-    )
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("cls", "change", "field"),
+    [
+        (EtcdClusterArgs, {"member_ips": ["10.0.0.4"] * 3}, "member_ips"),
+        (EtcdClusterArgs, {"member_ips": ["a", "b", "c", "d"]}, "member_ips"),
+        (EtcdClusterArgs, {"role": "events", "disk_sku": "Standard_LRS"}, "disk_sku"),
+        (ApiServersArgs, {"member_ips": ["a", "b", "c", "d"]}, "member_ips"),
+        (ApiServersArgs, {"frontend_ip": "a"}, "frontend_ip"),
+        (MachineArgs, {"vm_name": "v" * 65}, "vm_name"),
+        (MachineArgs, {"tags": {}}, "tags"),
+        (NatHostArgs, {"service_cidr": "10.128.0.0"}, "service_cidr"),
+        (HubArgs, {"subnets": (NAT_SUBNET,)}, "subnets"),
+        (NodePoolArgs, {"scale_sets": [sset(9)]}, "scale_sets"),
+        (NodePoolArgs, {"scale_sets": [sset(10, pool="cpu")]}, "scale_sets"),
+        (NodePoolArgs, {"subnet_ids": {}}, "subnet_ids"),
+    ],
+)
+def test_bad_args_name_the_field(cls: type, change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        cls(**{**GOOD[cls], **change})
+
+
+@pytest.mark.parametrize("cls", list(GOOD), ids=lambda c: c.__name__)
+def test_each_case_breaks_only_the_field_it_changes(cls: type) -> None:
+    cls(**GOOD[cls])  # the unchanged arguments construct, so each failure above is its field's
+
+
+def test_good_args_construct() -> None:
+    args = NodePoolArgs(**GOOD[NodePoolArgs])
     assert args.join_jitter_seconds == 300 and args.autoscaler is True
