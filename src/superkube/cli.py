@@ -390,11 +390,14 @@ def _lab_call(fn: Any, *args: Any) -> Any:
 @lab_app.command("up")
 def lab_up(
     hosts: Annotated[
-        int,
+        str,
         typer.Option(
-            "--hosts", "-n", min=1, max=40, help="Cluster hosts (plus a hub client and an internet host)."
+            "--hosts",
+            "-n",
+            help="Cluster hosts (plus a hub client and an internet host): a count, spread over the groups, "
+            "or counts per group, e.g. etcd_main=5,etcd_events=3,apiservers=1.",
         ),
-    ] = 8,
+    ] = "8",
 ) -> None:
     """Build (once) the base image, then boot the hosts and write the Ansible inventory."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

@@ -20,14 +20,16 @@ from superkube.spec import ClusterSpec
 GROUPS = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
 
 
-def network_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
-    """What the roles need to know of the cluster's network (inventory vars, without the prefix)."""
+def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
+    """What the roles need to know of the cluster (inventory vars, without the superkube_ prefix)."""
     spoke, hub = str(addresses.spoke.address_space), str(addresses.hub.address_space)
     return {
         "cluster_cidrs": [spoke, hub, spec.service_cidr],
         "service_cidr": spec.service_cidr,
         "hub_cidrs": [hub],
         "node_cidrs": [spoke],
+        "kubernetes_version": spec.kubernetes_version,
+        "apiserver_address": str(addresses.apiserver_lb_ip),
     }
 
 
@@ -36,7 +38,7 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     groups = [f"rg-{cluster}", f"rg-{cluster}-hub"]
     facts = {
         "superkube_cluster": cluster,
-        **{f"superkube_{k}": v for k, v in network_facts(spec, addresses).items()},
+        **{f"superkube_{k}": v for k, v in cluster_facts(spec, addresses).items()},
     }
     return {
         "plugin": "azure.azcollection.azure_rm",

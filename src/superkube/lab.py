@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from superkube.inventory import GROUPS, network_facts
+from superkube.inventory import GROUPS, cluster_facts
 from superkube.ipam import FIRST_HOST_OFFSET
 
 PREFIX = "sklab"
@@ -60,10 +60,13 @@ BASE_PACKAGES = (
     "containerd",
     "prometheus-node-exporter",
     "netcat-openbsd",
+    "etcd-server",
+    "etcd-client",
 )
-IMAGE_RECIPE = 1  # bump when the image steps below change
+IMAGE_RECIPE = 2  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
+MAX_HOSTS = 40
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
@@ -97,6 +100,8 @@ class Lab:
     hub_cidrs: list[str] = field(default_factory=list)
     node_cidrs: list[str] = field(default_factory=list)
     route_tables: list[list[str]] = field(default_factory=list)  # [source subnet, prefix, next hop]
+    kubernetes_version: str = ""
+    apiserver_address: str = ""
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -230,6 +235,9 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
     for unit in ("apt-daily.timer", "apt-daily-upgrade.timer"):
         link = root / "etc" / "systemd" / "system" / "timers.target.wants" / unit
         link.unlink(missing_ok=True)
+    # Baked in, not running: the package's own single-node etcd has no place on a cluster host; the
+    # etcd role runs the cluster's members under their own units.
+    (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "etcd.service").unlink(missing_ok=True)
     (tmp / ".superkube-complete").write_text(
         json.dumps({"packages": sorted(BASE_PACKAGES), "recipe": IMAGE_RECIPE})
     )
@@ -241,12 +249,39 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
 # --- layout --------------------------------------------------------------------------------------
 
 
-def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
+def parse_hosts(text: str | int) -> int | dict[str, int]:
+    """`--hosts`: a count ("8") or counts per group ("etcd_main=5,etcd_events=3")."""
+    text = str(text).strip()
+    if text.isdigit():
+        if not 1 <= int(text) <= MAX_HOSTS:
+            raise LabError(f"--hosts {text}: give 1 to {MAX_HOSTS} hosts")
+        return int(text)
+    counts: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        group, _, count = part.partition("=")
+        if group not in GROUPS or not count.isdigit():
+            raise LabError(
+                f"--hosts {text!r}: {part!r} is not GROUP=COUNT; groups are {', '.join(GROUPS)}, "
+                "e.g. --hosts etcd_main=5,etcd_events=3"
+            )
+        counts[group] = int(count)
+    if not 1 <= sum(counts.values()) <= MAX_HOSTS:
+        raise LabError(f"--hosts {text!r}: give 1 to {MAX_HOSTS} hosts in all")
+    return counts
+
+
+def _groups_of(nodes: int | dict[str, int]) -> list[str]:
+    """The group of each cluster host, in boot order."""
+    if isinstance(nodes, dict):
+        return [g for g in GROUPS for _ in range(nodes.get(g, 0))]
+    return [GROUPS[i] if i < len(GROUPS) else ("gpu_nodes", "cpu_nodes")[i % 2] for i in range(nodes)]
+
+
+def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str, Any]]:
     """Hosts placed by the flagship stack's address plan: (hosts, routed subnets, network facts)."""
     from superkube import plan as planning
 
-    if nodes < 1:
-        raise LabError("--hosts must be at least 1")
+    nodes = parse_hosts(nodes) if not isinstance(nodes, dict) else nodes
     root = planning.find_project()
     _, spec, addresses = planning.load(root, LAB_STACK)
     by_group = {
@@ -275,16 +310,18 @@ def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
         hosts.append(Host(name, group, str(address), net.prefixlen, str(net.network_address + 1)))
 
     counts: dict[str, int] = {}
-    for i in range(nodes):
-        # one host of each group first, then GPU and CPU nodes in turn
-        group = GROUPS[i] if i < len(GROUPS) else ("gpu_nodes", "cpu_nodes")[i % 2]
+    for group in _groups_of(nodes):
         counts[group] = counts.get(group, 0) + 1
         name = f"{group.removesuffix('_nodes').replace('_', '-')}-{counts[group]}"
         if group == "nat_host":
+            if counts[group] > 1:
+                raise LabError(f"--hosts: the {LAB_STACK} plan has one NAT host; ask for nat_host=1")
             place("nat", group, addresses.subnet("nat").cidr, addresses.nat_host_ip)
         elif group in members:
             if not members[group]:
-                raise LabError(f"the {LAB_STACK} plan has no more {group} members; use fewer --hosts")
+                raise LabError(
+                    f"--hosts: the {LAB_STACK} plan has {counts[group] - 1} {group} members; ask for no more"
+                )
             place(name, group, by_group[group].cidr, members[group].pop(0))
         else:
             place(name, group, by_group[group].cidr)
@@ -292,7 +329,7 @@ def layout(nodes: int) -> tuple[list[Host], list[str], dict[str, Any]]:
     place("internet", "internet", INTERNET)
     subnets = sorted({f"{IPv4Network((h.address, h.prefixlen), strict=False)}" for h in hosts})
     facts: dict[str, Any] = {
-        **network_facts(spec, addresses),
+        **cluster_facts(spec, addresses),
         # The hub's route table in Azure: from the shared subnet, the service CIDR goes to the NAT host.
         "route_tables": [
             [str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]
@@ -516,6 +553,8 @@ def write_inventory(lab: Lab) -> Path:
                 "superkube_service_cidr": lab.service_cidr,
                 "superkube_hub_cidrs": lab.hub_cidrs,
                 "superkube_node_cidrs": lab.node_cidrs,
+                "superkube_kubernetes_version": lab.kubernetes_version,
+                "superkube_apiserver_address": lab.apiserver_address,
                 "nat_host_services": lab_services(lab),
             },
             "children": {
@@ -528,13 +567,18 @@ def write_inventory(lab: Lab) -> Path:
     return lab.inventory
 
 
-def up(nodes: int, progress: Progress, state_dir: Path = STATE_DIR, cache_dir: Path = CACHE_DIR) -> Lab:
+def up(
+    nodes: int | str | dict[str, int],
+    progress: Progress,
+    state_dir: Path = STATE_DIR,
+    cache_dir: Path = CACHE_DIR,
+) -> Lab:
     """Start a lab of `nodes` cluster hosts (+ hub client + internet), or fail leaving nothing behind."""
     require_tools()
     if Lab.load(state_dir) is not None or _leftovers():
         raise LabError("a lab is already up (or left over); run `superkube lab down` first")
+    hosts, subnets, facts = layout(nodes if isinstance(nodes, dict) else parse_hosts(nodes))
     base = build_base_image(lambda what, f: progress(what, 0.6 * f), cache_dir)
-    hosts, subnets, facts = layout(nodes)
     state_dir.mkdir(parents=True, exist_ok=True)
     lab = Lab(hosts=hosts, subnets=subnets, state_dir=str(state_dir), base_image=str(base), **facts)
     try:

@@ -223,7 +223,7 @@ class ClusterSpec(_Model):
         description="Owning team; the owner tag on every resource.",
     )
     kubernetes_version: str = Field(
-        default="1.31.4", pattern=r"^1\.\d+\.\d+$", description="Kubernetes version the nodes' kubelet runs."
+        default="1.35.0", pattern=r"^1\.\d+\.\d+$", description="Kubernetes version the nodes' kubelet runs."
     )
     admin_username: str = Field(
         default="superkube",

@@ -1,0 +1,49 @@
+"""Jinja filters: check component flags against a versioned list of the component's own flags.
+
+`flags | superkube_flag_problems(known)` returns one line per problem (unknown flag, wrong value
+type); an empty list means every flag exists in that version and has a value of its type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+DURATION = re.compile(r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$")
+CHECKS = {
+    "bool": lambda v: isinstance(v, bool) or str(v).lower() in ("true", "false"),
+    "int": lambda v: not isinstance(v, bool) and re.fullmatch(r"-?[0-9]+", str(v)) is not None,
+    "float": lambda v: not isinstance(v, bool) and re.fullmatch(r"-?[0-9]*\.?[0-9]+", str(v)) is not None,
+    "duration": lambda v: DURATION.match(str(v)) is not None,
+}
+
+
+def flag_problems(flags: dict[str, Any], known: dict[str, str]) -> list[str]:
+    problems = []
+    for name, value in sorted(flags.items()):
+        if name.startswith("-"):
+            problems.append(f"{name}: write flag names without the leading dashes")
+        elif name not in known:
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.75)
+            hint = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
+            problems.append(f"--{name}: not a flag of this version{hint}")
+        elif known[name] in CHECKS and not CHECKS[known[name]](value):
+            problems.append(f"--{name}={value}: expects a {known[name]}")
+        elif value is None or str(value) == "":
+            problems.append(f"--{name}: has no value; remove it or give one")
+    return problems
+
+
+def flag_args(flags: dict[str, Any]) -> list[str]:
+    """--name=value for each flag, sorted; booleans as true/false."""
+    out = []
+    for name, value in sorted(flags.items()):
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        out.append(f"--{name}={text}")
+    return out
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"superkube_flag_problems": flag_problems, "superkube_flag_args": flag_args}

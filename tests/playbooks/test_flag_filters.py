@@ -1,0 +1,80 @@
+"""The flag check the kube_apiserver preflight runs, on the versioned list it ships."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location(
+    "superkube_flags", ROOT / "playbooks/filter_plugins/superkube_flags.py"
+)
+assert spec and spec.loader
+flags_module: Any = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(flags_module)
+KNOWN = yaml.safe_load((ROOT / "playbooks/roles/kube_apiserver/vars/flags-1.35.yml").read_text())[
+    "kube_apiserver_known_flags"
+]
+
+
+def test_the_versioned_list_holds_the_flags_it_must() -> None:
+    assert len(KNOWN) == 169
+    for name in (
+        "etcd-servers",
+        "etcd-servers-overrides",
+        "audit-policy-file",
+        "goaway-chance",
+        "emulated-version",
+    ):
+        assert name in KNOWN
+    # removed before 1.35: must not be accepted
+    for gone in (
+        "insecure-port",
+        "apiserver-count",
+        "azure-container-registry-config",
+        "master-service-namespace",
+    ):
+        assert gone not in KNOWN
+
+
+def test_good_flags_pass() -> None:
+    flags = {
+        "etcd-servers": "https://10.0.0.1:2379",
+        "profiling": False,
+        "max-requests-inflight": 3000,
+        "request-timeout": "1m0s",
+        "goaway-chance": 0.001,
+    }
+    assert flags_module.flag_problems(flags, KNOWN) == []
+
+
+def test_each_kind_of_mistake_is_named() -> None:
+    problems = flags_module.flag_problems(
+        {
+            "etcd-server": "x",
+            "profiling": "maybe",
+            "max-requests-inflight": "lots",
+            "event-ttl": "an hour",
+            "--secure-port": 6443,
+            "audit-log-path": "",
+        },
+        KNOWN,
+    )
+    text = "\n".join(problems)
+    assert "--etcd-server: not a flag of this version" in text and "etcd-servers" in text
+    assert "--profiling=maybe: expects a bool" in text
+    assert "--max-requests-inflight=lots: expects a int" in text
+    assert "--event-ttl=an hour: expects a duration" in text
+    assert "--secure-port: write flag names without the leading dashes" in text
+    assert "--audit-log-path: has no value" in text
+    assert len(problems) == 6
+
+
+def test_args_render_sorted_with_lowercase_booleans() -> None:
+    assert flags_module.flag_args({"profiling": False, "etcd-prefix": "/registry"}) == [
+        "--etcd-prefix=/registry",
+        "--profiling=false",
+    ]
