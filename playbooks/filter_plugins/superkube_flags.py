@@ -7,6 +7,7 @@ type); an empty list means every flag exists in that version and has a value of 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from typing import Any
 
@@ -44,6 +45,15 @@ def flag_args(flags: dict[str, Any]) -> list[str]:
     return out
 
 
+def nth_host(cidr: str, n: int) -> str:
+    """The n-th address of a network (1 = the first after the network address)."""
+    return str(ipaddress.ip_network(cidr, strict=False).network_address + int(n))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"superkube_flag_problems": flag_problems, "superkube_flag_args": flag_args}
+        return {
+            "superkube_flag_problems": flag_problems,
+            "superkube_flag_args": flag_args,
+            "superkube_nth_host": nth_host,
+        }

@@ -7,6 +7,7 @@ live. Hosts that failed or were unreachable are written to a retry file beside t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -144,22 +145,7 @@ def converge(
 
     _use_this_environments_ansible()
     private = Path(tempfile.mkdtemp(prefix="superkube-runner-"))
-    env = {
-        "ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_HOST_KEY_CHECKING": "True",
-    }
-    # SSH masters and cached facts belong to this inventory's hosts: a new lab at the same
-    # addresses must not reuse a master whose connection went with the old one.
-    scope = inventory.resolve().parent / ".ansible" / inventory.stem
-    env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(scope / "cp")
-    env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(scope / "facts")
-    if settings == "superkube":
-        env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
-    else:  # stock: Ansible's own defaults, with a config file that sets nothing
-        stock = private / "stock.cfg"
-        stock.write_text("[defaults]\n")
-        env["ANSIBLE_CONFIG"] = str(stock)
+    env = _ansible_env(inventory, settings, private)
     if forks:
         env["ANSIBLE_FORKS"] = str(forks)
     started = time.perf_counter()
@@ -213,3 +199,113 @@ def converge(
     elif retry.exists() and limit and limit == f"@{retry}":
         os.unlink(retry)
     return result
+
+
+def _ansible_env(inventory: Path, settings: str, private: Path) -> dict[str, str]:
+    env = {
+        "ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+    }
+    # SSH masters and cached facts belong to this inventory's hosts: a new lab at the same
+    # addresses must not reuse a master whose connection went with the old one.
+    scope = inventory.resolve().parent / ".ansible" / inventory.stem
+    env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(scope / "cp")
+    env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(scope / "facts")
+    if settings == "superkube":
+        env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
+    else:  # stock: Ansible's own defaults, with a config file that sets nothing
+        stock = private / "stock.cfg"
+        stock.write_text("[defaults]\n")
+        env["ANSIBLE_CONFIG"] = str(stock)
+    return env
+
+
+# Run on every member: its own status and health, and the member list as it sees it.
+ETCD_PROBE = (
+    ". /etc/etcd/etcdctl-{cluster}.env; "
+    'echo "status=$(etcdctl --command-timeout=5s endpoint status -w json 2>/dev/null)"; '
+    'echo "members=$(etcdctl --command-timeout=5s member list -w json 2>/dev/null)"; '
+    "etcdctl --command-timeout=5s endpoint health >/dev/null 2>&1 && echo health=true || echo health=false"
+)
+
+
+def etcd_status(inventory: Path) -> dict[str, Any]:
+    """Both etcd clusters as their members report them over SSH: members, health, leader, DB size."""
+    import ansible_runner
+
+    _use_this_environments_ansible()
+    private = Path(tempfile.mkdtemp(prefix="superkube-runner-"))
+    seen: dict[str, dict[str, Any]] = {}
+    try:
+        for cluster in ("main", "events"):
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                host_pattern=f"etcd_{cluster}",
+                module="ansible.builtin.shell",
+                module_args=ETCD_PROBE.format(cluster=cluster),
+                inventory=str(inventory.resolve()),
+                envvars=_ansible_env(inventory, "superkube", private),
+                quiet=True,
+                suppress_env_files=True,
+            )
+            for event in runner.events:
+                data = event.get("event_data") or {}
+                host = data.get("host")
+                if not host or not event.get("event", "").startswith("runner_on_"):
+                    continue
+                res = data.get("res") or {}
+                if event["event"] == "runner_on_ok":
+                    seen[host] = {"cluster": cluster, **_parse_probe(res.get("stdout", ""))}
+                elif event["event"] in ("runner_on_failed", "runner_on_unreachable"):
+                    seen[host] = {"cluster": cluster, "error": _message(data)}
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return _summarise(seen)
+
+
+def _parse_probe(stdout: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key in ("status", "members"):
+            try:
+                out[key] = json.loads(value) if value else None
+            except ValueError:
+                out[key] = None
+        elif key == "health":
+            out["healthy"] = value == "true"
+    return out
+
+
+def _summarise(seen: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    clusters: dict[str, dict[str, Any]] = {}
+    for host, probe in sorted(seen.items()):
+        name = probe["cluster"]
+        cluster = clusters.setdefault(name, {"members": [], "leader": None, "member_count": 0})
+        row: dict[str, Any] = {
+            "host": host,
+            "healthy": bool(probe.get("healthy")),
+            "error": probe.get("error"),
+        }
+        status = (probe.get("status") or [{}])[0] if probe.get("status") else {}
+        st = status.get("Status") or {}
+        header = st.get("header") or {}
+        if st:
+            row.update(
+                id=f"{header.get('member_id', 0):x}",
+                db_size=st.get("dbSize"),
+                raft_index=st.get("raftIndex"),
+                version=st.get("version"),
+                leader=header.get("member_id") == st.get("leader") and st.get("leader") is not None,
+                endpoint=status.get("Endpoint"),
+            )
+            if row["leader"]:
+                cluster["leader"] = host
+        members = (probe.get("members") or {}).get("members") or []
+        cluster["member_count"] = max(cluster["member_count"], len(members))
+        cluster["members"].append(row)
+    for cluster in clusters.values():
+        cluster["healthy"] = sum(m["healthy"] for m in cluster["members"])
+        cluster["quorum"] = cluster["healthy"] > cluster["member_count"] // 2
+    return {"clusters": clusters}

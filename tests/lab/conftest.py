@@ -8,18 +8,45 @@ import pytest
 
 from superkube import lab
 
+FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
+CONTROL_PLANE = "etcd_main=5,etcd_events=3,apiservers=1"
+
+
+class Labs:
+    """One real lab at a time: a module asks for a shape; a different shape replaces the lab."""
+
+    def __init__(self) -> None:
+        self.shape: str | None = None
+        self.current: lab.Lab | None = None
+
+    def get(self, shape: str) -> lab.Lab:
+        if shape != self.shape or self.current is None:
+            lab.down()  # the previous shape, or a lab left by an interrupted run
+            self.current = lab.up(shape, lambda what, fraction: None)
+            self.shape = shape
+        return self.current
+
 
 @pytest.fixture(scope="session")
-def fleet() -> Iterator[lab.Lab]:
-    lab.down()  # a lab left by an interrupted run must not fail this one
-    started = lab.up(8, lambda what, fraction: None)
-    yield started
+def labs() -> Iterator[Labs]:
+    held = Labs()
+    yield held
     in_lab = [pid for name in lab._lab_namespaces() for pid in lab._namespace_pids(name)]
     clients = lab._lab_clients(lab.STATE_DIR)
     lab.down()
     assert lab._leftovers() == []
     still = [pid for pid in in_lab + clients if lab.running(pid)]
     assert still == [], f"processes of the lab outlived lab down: {still}"
+
+
+@pytest.fixture(scope="module")
+def fleet(labs: Labs) -> lab.Lab:
+    return labs.get(FLEET)
+
+
+@pytest.fixture(scope="module")
+def control_plane(labs: Labs) -> lab.Lab:
+    return labs.get(CONTROL_PLANE)
 
 
 def sh(fleet: lab.Lab, host: str, command: str) -> str:
