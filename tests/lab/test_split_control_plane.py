@@ -138,9 +138,8 @@ def test_a_second_converge_changes_nothing_and_keeps_every_cert(
 
 
 def _flags(env_text: str) -> dict[str, str]:
-    joined = env_text.replace("\\\n", " ")
-    line = next(x for x in joined.splitlines() if x.startswith("KUBE_APISERVER_ARGS="))
-    (value,) = shlex.split(line.partition("=")[2])
+    # the value runs from the opening quote over backslash-continued lines to the closing quote
+    (value,) = shlex.split(env_text.split("KUBE_APISERVER_ARGS=", 1)[1].replace("\\\n", " "))
     return dict(arg[2:].split("=", 1) for arg in value.split())
 
 
