@@ -10,8 +10,7 @@ from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
 from modules.compute.machine import Machine, MachineArgs
-
-API_PORT = 6443
+from superkube.kube import APISERVER_PORT as API_PORT
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,7 @@ import pulumi
 
 from modules.common import child, require, tagged
 from modules.compute.machine import Machine, MachineArgs
-
-CLIENT_PORT = 2379
+from superkube.kube import ETCD_CLIENT_PORT as CLIENT_PORT
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,12 @@
 #!/usr/bin/python
-"""Ansible module: keep a cluster CA and certificates signed by it, on the controller.
+"""Ansible module: keep a cluster CA and what it signs, on the controller.
 
 The CA is created once and never replaced; a certificate is issued again only when it is missing,
-no longer matches its key, the CA, its names or usages, or expires within `renew_within_days`.
-Runs delegated to the controller; concurrent runs (one per host) serialise on a lock in ca_dir.
+no longer matches its key, the CA, its names, organizations or usages, or expires within
+`renew_within_days`. Two more kinds of credential live beside the certificates and are made once:
+a key pair (the service-account signing key: `<name>.key` and `<name>.pub`) and a kubelet bootstrap
+token (`<name>.token`, `[a-z0-9]{6}.[a-z0-9]{16}`). Runs delegated to the controller; concurrent
+runs (one per host) serialise on a lock in ca_dir.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import datetime
 import fcntl
 import ipaddress
 import os
+import secrets
+import string
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
@@ -35,9 +40,15 @@ description:
     has other names or usages, or expires within O(renew_within_days).
 options:
   ca_dir: {type: path, required: true, description: Directory holding ca.crt and ca.key (mode 0700).}
-  ca_common_name: {type: str, required: true, description: Subject CN of the CA when it is created.}
+  ca_common_name: {type: str, default: "", description: Subject CN of the CA when it is created (certificates).}
   name: {type: str, required: true, description: File stem of the certificate and key in O(ca_dir).}
-  common_name: {type: str, required: true, description: Subject CN of the certificate.}
+  kind:
+    type: str
+    choices: [certificate, keypair, token]
+    default: certificate
+    description: What to keep, a certificate signed by the CA, a key pair, or a bootstrap token.
+  common_name: {type: str, default: "", description: Subject CN of the certificate (required for certificates).}
+  organizations: {type: list, elements: str, default: [], description: Subject O values (Kubernetes groups).}
   ip_addresses: {type: list, elements: str, default: [], description: IP subject alternative names.}
   dns_names: {type: list, elements: str, default: [], description: DNS subject alternative names.}
   usages:
@@ -53,6 +64,7 @@ author: superkube
 """
 
 USAGES = {"server": "SERVER_AUTH", "client": "CLIENT_AUTH"}
+TOKEN_ALPHABET = string.ascii_lowercase + string.digits
 
 
 def _now():
@@ -142,6 +154,15 @@ def _usages_of(cert):
     return sorted(name for name, oid in USAGES.items() if getattr(ExtendedKeyUsageOID, oid) in ext)
 
 
+def _subject(params):
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in params["organizations"]]
+    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, params["common_name"])])
+
+
+def _organizations_of(cert):
+    return sorted(a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME))
+
+
 def _why_reissue(cert, key, ca_cert, params):
     """Why the existing certificate must be issued again, or None if it is still right."""
     if cert.issuer != ca_cert.subject:
@@ -155,6 +176,8 @@ def _why_reissue(cert, key, ca_cert, params):
     cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if not cn or cn[0].value != params["common_name"]:
         return "common name changed"
+    if _organizations_of(cert) != sorted(set(params["organizations"])):
+        return "organizations changed"
     if _sans_of(cert) != _wanted_sans(params["ip_addresses"], params["dns_names"]):
         return "subject alternative names changed"
     if _usages_of(cert) != sorted(set(params["usages"])):
@@ -170,7 +193,7 @@ def _issue(key, ca_cert, ca_key, params):
     sans += [x509.DNSName(d) for d in params["dns_names"]]
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, params["common_name"])]))
+        .subject_name(_subject(params))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -206,12 +229,49 @@ def _issue(key, ca_cert, ca_key, params):
     return builder.sign(ca_key, hashes.SHA256())
 
 
+def _ensure_keypair(ca_dir, name):
+    """<name>.key and <name>.pub, made once: every API server and controller-manager shares them."""
+    key_path, pub_path = ca_dir / f"{name}.key", ca_dir / f"{name}.pub"
+    created = not key_path.exists()
+    if created:
+        _write(key_path, _key_pem(ec.generate_private_key(ec.SECP256R1())), 0o600)
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    if not pub_path.exists() or pub_path.read_bytes() != public:
+        _write(pub_path, public, 0o644)
+        created = True
+    return {"changed": created, "key": str(key_path), "pub": str(pub_path)}
+
+
+def _ensure_token(ca_dir, name):
+    """<name>.token, a kubelet bootstrap token id.secret, made once."""
+    path = ca_dir / f"{name}.token"
+    if path.exists():
+        token = path.read_text().strip()
+        if len(token) != 23 or token[6] != "." or any(c not in TOKEN_ALPHABET for c in token.replace(".", "")):
+            raise ValueError(f"{path} is not a bootstrap token (6 and 16 of a-z0-9, joined by a dot); remove it")
+        return {"changed": False, "token_file": str(path), "token_id": token[:6]}
+    token = "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(6))
+    token += "." + "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(16))
+    _write(path, token.encode() + b"\n", 0o600)
+    return {"changed": True, "token_file": str(path), "token_id": token[:6]}
+
+
 def ensure(params):
     """The module's work, importable for tests: returns the result dict."""
+    params = {"kind": "certificate", "organizations": [], **params}
     ca_dir = Path(params["ca_dir"])
     ca_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(ca_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if params["kind"] == "keypair":
+            return _ensure_keypair(ca_dir, params["name"])
+        if params["kind"] == "token":
+            return _ensure_token(ca_dir, params["name"])
+        if not params["common_name"] or not params["ca_common_name"]:
+            raise ValueError(f"certificate {params['name']}: common_name and ca_common_name are required")
         ca_cert, ca_key, ca_created = _ensure_ca(ca_dir, params["ca_common_name"], params["ca_days"])
         crt_path, key_path = ca_dir / f"{params['name']}.crt", ca_dir / f"{params['name']}.key"
         key = None
@@ -246,9 +306,11 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "ca_dir": {"type": "path", "required": True},
-            "ca_common_name": {"type": "str", "required": True},
+            "ca_common_name": {"type": "str", "default": ""},
             "name": {"type": "str", "required": True},
-            "common_name": {"type": "str", "required": True},
+            "kind": {"type": "str", "choices": ["certificate", "keypair", "token"], "default": "certificate"},
+            "common_name": {"type": "str", "default": ""},
+            "organizations": {"type": "list", "elements": "str", "default": []},
             "ip_addresses": {"type": "list", "elements": "str", "default": []},
             "dns_names": {"type": "list", "elements": "str", "default": []},
             "usages": {

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 import yaml
 
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
+from superkube.cloudinit import JOIN_SCRIPT, REGISTRATION_FILE
+from superkube.spec import PREFLIGHT_TAINT_KEY
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
-PREFLIGHT = "superkube.io/preflight"
+PREFLIGHT = PREFLIGHT_TAINT_KEY
 TEMPLATE = "k8s.io_cluster-autoscaler_node-template"
 ETCD_DISKS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
 
@@ -69,7 +71,7 @@ def _kubelet_flag(kubelet_env: str, flag: str) -> list[str]:
 
 def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for s in view.with_role(VMSS, "gpu_nodes"):
-        kubelet = (_cloud_init_files(s) or {}).get("/etc/default/kubelet", "")
+        kubelet = (_cloud_init_files(s) or {}).get(REGISTRATION_FILE, "")
         if f"{PREFLIGHT}=pending:NoSchedule" not in _kubelet_flag(kubelet, "--register-with-taints"):
             yield Finding("GPU nodes register without the preflight taint", s.urn)
         if f"{PREFLIGHT}=pending" not in _kubelet_flag(kubelet, "--node-labels"):
@@ -115,7 +117,7 @@ def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]
 
 def _join_jitter(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for s in view.of_type(VMSS):
-        join = (_cloud_init_files(s) or {}).get("/usr/local/sbin/superkube-join", "")
+        join = (_cloud_init_files(s) or {}).get(JOIN_SCRIPT, "")
         if (
             "shuf -i 0-" not in join
             or "shuf -i 0-0 " in join

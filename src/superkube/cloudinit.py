@@ -1,9 +1,15 @@
-"""cloud-init for pool nodes: register the kubelet behind the preflight taint, after a join jitter.
+"""cloud-init for pool nodes: how the kubelet registers, and when it joins.
 
-Hundreds of VMs that the autoscaler adds at once would otherwise all register, list and watch
-within seconds of each other. Each node sleeps a random 0..jitter seconds before its kubelet
-starts, which spreads the burst over the window (cluster-autoscaler's --max-nodes-per-scaleup
-only caps one scale-up; it does not pace joins).
+cloud-init is the one writer of a node's registration (its labels and taints, in
+/etc/default/kubelet): it runs on every scale-set instance, the autoscaler's too, and the labels and
+taints come from the same functions as the autoscaler's node-template tags. The node_software role
+writes everything else (the kubelet, its configuration and its bootstrap kubeconfig).
+
+Joining waits for both: `superkube-join.path` fires once converge has written the bootstrap
+kubeconfig; the join then sleeps a random 0..jitter seconds before its kubelet starts. Hundreds of
+VMs that the autoscaler adds at once would otherwise all register, list and watch within seconds of
+each other (cluster-autoscaler's --max-nodes-per-scaleup only caps one scale-up; it does not pace
+joins).
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from superkube.spec import PREFLIGHT_TAINT_KEY
 
 PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}=pending:NoSchedule"
 PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}=pending"
+REGISTRATION_FILE = "/etc/default/kubelet"
+JOIN_SCRIPT = "/usr/local/sbin/superkube-join"
+# written by the node_software role; its arrival starts the join
+BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 
 
 def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -63,10 +73,37 @@ def render(
             "",
         ]
     )
+    join_path = "\n".join(
+        [
+            "[Unit]",
+            "Description=Join the cluster once converge has written the kubelet's bootstrap kubeconfig",
+            "",
+            "[Path]",
+            f"PathExists={BOOTSTRAP_KUBECONFIG}",
+            "Unit=superkube-join.service",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
+    join_service = "\n".join(
+        [
+            "[Unit]",
+            "Description=Start the kubelet after a random join delay",
+            f"ConditionPathExists={BOOTSTRAP_KUBECONFIG}",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            f"ExecStart={JOIN_SCRIPT}",
+            "RemainAfterExit=true",
+            "",
+        ]
+    )
     doc = {
         "write_files": [
             {
-                "path": "/etc/default/kubelet",
+                "path": REGISTRATION_FILE,
                 "permissions": "0644",
                 "content": f"KUBELET_EXTRA_ARGS={shlex.quote(' '.join(kubelet_args))}\n",
             },
@@ -85,9 +122,15 @@ def render(
                     }.items()
                 ),
             },
-            {"path": "/usr/local/sbin/superkube-join", "permissions": "0755", "content": join},
+            {"path": JOIN_SCRIPT, "permissions": "0755", "content": join},
+            {"path": "/etc/systemd/system/superkube-join.path", "permissions": "0644", "content": join_path},
+            {
+                "path": "/etc/systemd/system/superkube-join.service",
+                "permissions": "0644",
+                "content": join_service,
+            },
         ],
-        "runcmd": [["/usr/local/sbin/superkube-join"]],
+        "runcmd": [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", "superkube-join.path"]],
     }
     return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=1_000)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from superkube import kube
 from superkube.ipam import AddressPlan
 from superkube.spec import ClusterSpec
 
@@ -30,6 +31,7 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "node_cidrs": [spoke],
         "kubernetes_version": spec.kubernetes_version,
         "apiserver_address": str(addresses.apiserver_lb_ip),
+        **kube.facts(spec, addresses),
     }
 
 
@@ -50,8 +52,10 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "hostvar_expressions": {
             "ansible_host": "private_ipv4_addresses | first",
             "ansible_user": f"'{spec.admin_username}'",
-            # constant expressions: a quoted string, or a JSON list (which is also a Jinja list literal)
-            **{k: json.dumps(v) if isinstance(v, list) else f"'{v}'" for k, v in facts.items()},
+            # expressions: a quoted string, or JSON (lists and mappings are also Jinja literals)
+            **{k: json.dumps(v) if isinstance(v, list | dict) else f"'{v}'" for k, v in facts.items()},
+            # a scale-set instance's pool, from the tag NodePool sets (empty on the control plane)
+            "superkube_pool": "tags['superkube-pool'] | default('')",
         },
         "exclude_host_filters": [f"tags['cluster'] | default('') != '{cluster}'", "powerstate != 'running'"],
         "keyed_groups": [

@@ -119,3 +119,42 @@ def test_concurrent_runs_share_one_ca(tmp_path: Path) -> None:
     ca = x509.load_pem_x509_certificate(read(results[0]["ca"]))
     for r in results:
         x509.load_pem_x509_certificate(read(r["cert"])).verify_directly_issued_by(ca)
+
+
+def test_organizations_are_the_kubernetes_groups_and_a_change_reissues(tmp_path: Path) -> None:
+    first = cert_module.ensure(
+        params(tmp_path, name="admin", common_name="superkube-admin", organizations=["system:masters"])
+    )
+    cert = x509.load_pem_x509_certificate(read(first["cert"]))
+    groups = [a.value for a in cert.subject.get_attributes_for_oid(x509.oid.NameOID.ORGANIZATION_NAME)]
+    assert groups == ["system:masters"]
+    assert not cert_module.ensure(
+        params(tmp_path, name="admin", common_name="superkube-admin", organizations=["system:masters"])
+    )["changed"]
+    again = cert_module.ensure(params(tmp_path, name="admin", common_name="superkube-admin"))
+    assert again["reissued_because"] == "organizations changed"
+
+
+def test_a_key_pair_is_made_once_and_its_public_half_matches(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    first = cert_module.ensure(params(tmp_path, kind="keypair", name="service-account"))
+    assert first["changed"]
+    key = serialization.load_pem_private_key(read(first["key"]), password=None)
+    public = serialization.load_pem_public_key(read(first["pub"]))
+    assert key.public_key().public_numbers() == public.public_numbers()  # type: ignore[union-attr]
+    again = cert_module.ensure(params(tmp_path, kind="keypair", name="service-account"))
+    assert not again["changed"] and read(again["key"]) == read(first["key"])
+    assert oct(Path(first["key"]).stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_bootstrap_token_is_made_once_in_the_kubernetes_form(tmp_path: Path) -> None:
+    import re
+
+    first = cert_module.ensure(params(tmp_path, kind="token", name="bootstrap"))
+    token = Path(first["token_file"]).read_text().strip()
+    assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", token) and first["token_id"] == token[:6]
+    assert not cert_module.ensure(params(tmp_path, kind="token", name="bootstrap"))["changed"]
+    Path(first["token_file"]).write_text("not-a-token\n")
+    with pytest.raises(ValueError, match="not a bootstrap token"):
+        cert_module.ensure(params(tmp_path, kind="token", name="bootstrap"))

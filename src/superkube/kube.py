@@ -1,0 +1,78 @@
+"""Kubernetes wiring facts, named once.
+
+Where the API is, which names its serving certificate carries, where etcd listens, and how many pods
+a node of each pool may run: the Pulumi program, the Ansible inventory (and so every role) and the
+cross-layer policy rules read them from here, never from a second copy.
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+from superkube.ipam import AddressPlan
+from superkube.spec import ClusterSpec, NodePool
+
+APISERVER_PORT = 6443
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+CLUSTER_DOMAIN = "cluster.local"
+# Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
+# no pod IP, so a node's pod limit is its pod IPs plus these.
+HOST_NETWORK_PODS = 8
+# The in-cluster `kubernetes` service takes the service range's first address, cluster DNS the tenth.
+KUBERNETES_SERVICE_INDEX = 1
+DNS_SERVICE_INDEX = 10
+
+
+def service_ip(service_cidr: str, index: int = KUBERNETES_SERVICE_INDEX) -> str:
+    return str(IPv4Network(service_cidr).network_address + index)
+
+
+def apiserver_url(address: IPv4Address | str) -> str:
+    return f"https://{address}:{APISERVER_PORT}"
+
+
+def etcd_urls(ips: tuple[IPv4Address, ...] | list[str]) -> list[str]:
+    return [f"https://{ip}:{ETCD_CLIENT_PORT}" for ip in ips]
+
+
+def apiserver_dns_names() -> list[str]:
+    """The in-cluster names of the API (SANs of its serving certificate)."""
+    return [
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        f"kubernetes.default.svc.{CLUSTER_DOMAIN}",
+    ]
+
+
+def apiserver_ip_sans(addresses: AddressPlan) -> list[str]:
+    """Every address a client may reach the API on: the load balancer, each server, the service IP."""
+    return [
+        str(addresses.apiserver_lb_ip),
+        *(str(ip) for ip in addresses.apiserver_ips),
+        service_ip(str(addresses.service_cidr)),
+    ]
+
+
+def max_pods(pool: NodePool) -> int:
+    """The kubelet's pod limit: one pod per VNet IP of the NIC, plus host-network node agents."""
+    return pool.pod_ips_per_node + HOST_NETWORK_PODS
+
+
+def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
+    """The wiring facts the roles read (inventory vars, without the superkube_ prefix)."""
+    return {
+        "apiserver_port": APISERVER_PORT,
+        "apiserver_url": apiserver_url(addresses.apiserver_lb_ip),
+        "apiserver_ips": [str(ip) for ip in addresses.apiserver_ips],
+        "apiserver_sans": apiserver_ip_sans(addresses),
+        "service_ip": service_ip(spec.service_cidr),
+        "dns_ip": service_ip(spec.service_cidr, DNS_SERVICE_INDEX),
+        "cluster_domain": CLUSTER_DOMAIN,
+        "pools": {
+            p.name: {"role": p.role, "pod_ips_per_node": p.pod_ips_per_node, "max_pods": max_pods(p)}
+            for p in spec.node_pools
+        },
+    }
