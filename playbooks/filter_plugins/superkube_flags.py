@@ -1,7 +1,8 @@
-"""Jinja filters: check component flags against a versioned list of the component's own flags.
+"""Jinja filters: check component flags against a versioned list of the component's own flags,
+and build the kubeconfigs every component and the admin use.
 
 `flags | superkube_flag_problems(known)` returns one line per problem (unknown flag, wrong value
-type); an empty list means every flag exists in that version and has a value of its type.
+type or form); an empty list means every flag exists in that version and has a value of its type.
 """
 
 from __future__ import annotations
@@ -45,6 +46,34 @@ def flag_args(flags: dict[str, Any]) -> list[str]:
     return out
 
 
+def kubeconfig(
+    server: str,
+    ca_file: str,
+    user: str,
+    cert: str | None = None,
+    key: str | None = None,
+    token: str | None = None,
+    cluster: str = "superkube",
+) -> dict[str, Any]:
+    """A kubeconfig (v1) for one user of one cluster: a client certificate, or a bearer token."""
+    credentials: dict[str, str] = {}
+    if cert and key:
+        credentials = {"client-certificate": cert, "client-key": key}
+    if token:
+        credentials["token"] = token
+    if not credentials:
+        raise ValueError(f"kubeconfig for {user}: give a client certificate and key, or a token")
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority": ca_file}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": f"{user}@{cluster}", "context": {"cluster": cluster, "user": user}}],
+        "current-context": f"{user}@{cluster}",
+        "preferences": {},
+    }
+
+
 def nth_host(cidr: str, n: int) -> str:
     """The n-th address of a network (1 = the first after the network address)."""
     return str(ipaddress.ip_network(cidr, strict=False).network_address + int(n))
@@ -56,4 +85,5 @@ class FilterModule:
             "superkube_flag_problems": flag_problems,
             "superkube_flag_args": flag_args,
             "superkube_nth_host": nth_host,
+            "superkube_kubeconfig": kubeconfig,
         }
