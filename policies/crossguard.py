@@ -15,6 +15,8 @@ CONFIG_SCHEMA = PolicyConfigSchema(
         "service_cidr": {"type": "string"},
         "other_spokes_ips": {"type": "integer"},
         "limits": {"type": "object"},
+        "inventory": {"type": "object"},
+        "group_vars": {"type": "object"},
     }
 )
 

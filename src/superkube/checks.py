@@ -60,6 +60,10 @@ class RuleConfig:
     service_cidr: str = ""
     other_spokes_ips: int = 0
     limits: Mapping[str, int] = field(default_factory=lambda: {k: v[0] for k, v in AZURE_LIMITS.items()})
+    # the Ansible side: the stack's Azure dynamic inventory (superkube inventory) and any group
+    # variables a team adds over the roles' defaults
+    inventory: Mapping[str, Any] = field(default_factory=dict)
+    group_vars: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "limits": dict(self.limits)}
@@ -68,7 +72,14 @@ class RuleConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> RuleConfig:
         known = {
             k: data[k]
-            for k in ("cluster", "apiserver_count", "service_cidr", "other_spokes_ips")
+            for k in (
+                "cluster",
+                "apiserver_count",
+                "service_cidr",
+                "other_spokes_ips",
+                "inventory",
+                "group_vars",
+            )
             if k in data
         }
         limits = {k: v[0] for k, v in AZURE_LIMITS.items()} | dict(data.get("limits") or {})
@@ -207,9 +218,15 @@ def check_overrides(overrides: Mapping[str, PolicyOverride], rules: Iterable[Rul
             )
 
 
-def rule_config(spec: ClusterSpec, addresses: AddressPlan) -> RuleConfig:
+def rule_config(
+    spec: ClusterSpec, addresses: AddressPlan, group_vars: Mapping[str, Any] | None = None
+) -> RuleConfig:
     """The rules' config from a stack's validated spec and address plan."""
+    from superkube.inventory import azure_rm
+
     return RuleConfig(
+        inventory=azure_rm(spec, addresses),
+        group_vars=dict(group_vars or {}),
         cluster=addresses.cluster,
         apiserver_count=spec.apiserver_count,
         service_cidr=spec.service_cidr,

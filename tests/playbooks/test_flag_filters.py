@@ -1,4 +1,4 @@
-"""The flag check the kube_apiserver preflight runs, on the versioned list it ships."""
+"""The flag check kube_component's preflight runs, on the versioned lists it ships."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ spec = importlib.util.spec_from_file_location(
 assert spec and spec.loader
 flags_module: Any = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(flags_module)
-KNOWN = yaml.safe_load((ROOT / "playbooks/roles/kube_apiserver/vars/flags-1.35.yml").read_text())[
-    "kube_apiserver_known_flags"
+ALL_KNOWN = yaml.safe_load((ROOT / "playbooks/roles/kube_component/vars/flags-1.35.yml").read_text())[
+    "kube_component_known_flags"
 ]
+KNOWN = ALL_KNOWN["kube-apiserver"]
 
 
 def test_the_versioned_list_holds_the_flags_it_must() -> None:

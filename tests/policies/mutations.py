@@ -184,6 +184,43 @@ def missing_owner_tag(doc: Doc) -> None:
     del of(doc, "azure-native:network:VirtualNetwork", "hub")[0]["inputs"]["tags"]["owner"]
 
 
+def move_apiserver_lb(doc: Doc) -> None:
+    lb = of(doc, "azure-native:network:LoadBalancer")[0]
+    lb["inputs"]["frontendIPConfigurations"][0]["privateIPAddress"] = "10.64.255.250"
+
+
+def service_route_elsewhere(doc: Doc) -> None:
+    (route,) = [
+        r
+        for r in of(doc, "azure-native:network:Route")
+        if r["inputs"].get("nextHopType") == "VirtualAppliance"
+    ]
+    route["inputs"]["addressPrefix"] = "10.129.0.0/16"
+
+
+def one_pod_ip_fewer(doc: Doc) -> None:
+    profile = gpu_vmss(doc)["inputs"]["virtualMachineProfile"]
+    profile["networkProfile"]["networkInterfaceConfigurations"][0]["ipConfigurations"].pop()
+
+
+def node_template_label_differs(doc: Doc) -> None:
+    gpu_vmss(doc)["inputs"]["tags"]["k8s.io_cluster-autoscaler_node-template_label_superkube.io_pool"] = (
+        "other"
+    )
+
+
+def cloud_init_label_differs(doc: Doc) -> None:
+    rewrite_cloud_init(
+        gpu_vmss(doc),
+        "/etc/default/kubelet",
+        lambda t: t.replace("superkube.io/pool=", "superkube.io/pool=x"),
+    )
+
+
+def scale_set_of_another_cluster(doc: Doc) -> None:
+    gpu_vmss(doc)["inputs"]["tags"]["cluster"] = "another"
+
+
 # rule -> the single change that must make it fire
 BY_RULE: dict[str, Callable[[Doc], None]] = {
     "topology-apiserver-count": drop_one_apiserver,
@@ -207,5 +244,12 @@ BY_RULE: dict[str, Callable[[Doc], None]] = {
     "compute-disk-etcd-premium": standard_etcd_disk,
     "compute-vmss-join-jitter": no_join_jitter,
     "hygiene-resource-required-tags": missing_owner_tag,
+    "wiring-apiserver-endpoint": move_apiserver_lb,
+    "wiring-service-cidr": service_route_elsewhere,
+    "wiring-kubelet-max-pods": one_pod_ip_fewer,
+    "wiring-node-registration": node_template_label_differs,
+    "wiring-cluster-name": scale_set_of_another_cluster,
 }
-# network-peering-group-ip-limit is caught by its config (other clusters' spokes), see test_rules.py
+# network-peering-group-ip-limit is caught by its config (other clusters' spokes), see test_rules.py;
+# wiring-etcd-urls and wiring-component-config by the Ansible side (the plan's etcd hosts are the
+# inventory's; configs come from the roles), see test_wiring.py

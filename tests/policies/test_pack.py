@@ -16,6 +16,7 @@ import pytest
 from pulumi_policy.policy import PolicyResource, PolicyResourceOptions, StackValidationArgs
 
 from policies.rules import ALL_RULES
+from superkube import checks
 from superkube.plan import Plan
 from tests.policies import mutations as m
 
@@ -64,7 +65,8 @@ def test_pack_has_every_rule_as_a_stack_policy(pack: dict[str, Any]) -> None:
 def test_pack_validations_report_through_crossguard(pack: dict[str, Any], flagship_plan: Plan) -> None:
     doc = flagship_plan.to_dict()
     policies = {p.name: p for p in pack["policies"]}
-    config = {"cluster": "flagship", "apiserver_count": 5, "service_cidr": "10.128.0.0/16"}
+    # the config `superkube policy-config` writes: the cross-layer rules need the stack's inventory
+    config = checks.rule_config(flagship_plan.spec, flagship_plan.addresses).to_dict()
 
     def run(name: str, document: dict[str, Any]) -> list[tuple[str, str | None]]:
         reported: list[tuple[str, str | None]] = []

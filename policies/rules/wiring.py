@@ -1,0 +1,320 @@
+"""Wiring: one fact, three layers. The same fact must agree in the Azure plan, the Ansible variables
+and the Kubernetes configuration the roles render from them (superkube.wiring renders the roles'
+own variables offline, over the inventory the stack would have)."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from policies.rules.compute import TEMPLATE, _cloud_init_files, _kubelet_flag
+from superkube import kube, reference, wiring
+from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
+from superkube.cloudinit import REGISTRATION_FILE
+
+LB = "azure-native:network:LoadBalancer"
+ROUTE = "azure-native:network:Route"
+KUBECONFIG_URLS = {
+    "kube_apiserver": "kube_apiserver_url",
+    "kube_controller_manager": "kube_controller_manager_apiserver_url",
+    "gang_scheduler": "gang_scheduler_apiserver_url",
+    "kubelet": "kubelet_apiserver_url",
+    "kube_proxy": "kube_proxy_apiserver_url",
+}
+ROLE_HOSTS = {
+    "kube_apiserver": ("apiservers",),
+    "kube_controller_manager": ("apiservers",),
+    "gang_scheduler": ("apiservers",),
+    "kube_pki": ("apiservers",),
+    "kubelet": ("gpu_nodes", "cpu_nodes"),
+    "kube_proxy": ("gpu_nodes", "cpu_nodes", "nat_host"),
+}
+
+
+class _Rendered:
+    """The plan's hosts and what the roles would render for them, made once per check."""
+
+    def __init__(self, view: StackView, config: RuleConfig) -> None:
+        self.hosts = wiring.plan_hosts(view.resources)
+        self.ok = bool(config.inventory)
+        self.engine = wiring.Wiring(self.hosts, config.inventory, config.group_vars) if self.ok else None
+        self.cache: dict[tuple[str, str, str], Any] = {}
+
+    def of(self, *groups: str) -> list[wiring.PlanHost]:
+        return [h for h in self.hosts if h.group in groups]
+
+    def var(self, role: str, host: wiring.PlanHost, name: str) -> Any:
+        key = (role, host.name, name)
+        if key not in self.cache:
+            assert self.engine is not None
+            self.cache[key] = self.engine.render(role, host, [name])[name]
+        return self.cache[key]
+
+
+def _rendered(view: StackView, config: RuleConfig) -> _Rendered:
+    key = id(config)
+    cached = getattr(view, "_wiring", None)
+    if cached is None or cached[0] != key:
+        cached = (key, _Rendered(view, config))
+        view._wiring = cached  # type: ignore[attr-defined]
+    rendered: _Rendered = cached[1]
+    return rendered
+
+
+RenderedCheck = Callable[[StackView, RuleConfig, _Rendered], Iterator[Finding]]
+
+
+def _rendering(check: RenderedCheck) -> Callable[[StackView, RuleConfig], Iterator[Finding]]:
+    """A rule over the rendered wiring; without an inventory it says so instead of passing."""
+
+    @functools.wraps(check)
+    def rule(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+        r = _rendered(view, config)
+        if not r.ok:
+            yield Finding(
+                "no inventory to compare with: check a stack (or a plan with its config), not bare resources"
+            )
+            return
+        yield from check(view, config, r)
+
+    return rule
+
+
+def _lb_ip(view: StackView) -> str | None:
+    for lb in view.of_type(LB):
+        for frontend in lb.props.get("frontendIPConfigurations") or []:
+            if frontend.get("privateIPAddress"):
+                return str(frontend["privateIPAddress"])
+    return None
+
+
+@_rendering
+def _api_endpoint(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    lb = _lb_ip(view)
+    if lb is None:
+        yield Finding("the plan has no API-server load balancer frontend")
+        return
+    want = kube.apiserver_url(lb)
+    for role, groups in ROLE_HOSTS.items():
+        if role not in KUBECONFIG_URLS:
+            continue
+        for host in r.of(*groups)[:1]:
+            got = r.var(role, host, KUBECONFIG_URLS[role])
+            if got != want:
+                yield Finding(
+                    f"{role} points its kubeconfig at {got}, not the load balancer {want}", host.urn
+                )
+    for host in r.of("apiservers")[:1]:
+        sans = set(r.var("kube_pki", host, "kube_pki_apiserver_ips"))
+        apis = {h.address for h in r.of("apiservers")}
+        service = kube.service_ip(config.service_cidr) if config.service_cidr else None
+        missing = sorted(({lb} | apis | ({service} if service else set())) - sans)
+        if missing:
+            yield Finding(
+                f"the API's serving certificate would lack {', '.join(missing)} of the plan", host.urn
+            )
+
+
+@_rendering
+def _service_cidr(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    want = config.service_cidr
+    for host in r.of("apiservers")[:1]:
+        for role, name in (
+            ("kube_apiserver", "kube_apiserver_all_flags"),
+            ("kube_controller_manager", "kube_controller_manager_all_flags"),
+        ):
+            got = r.var(role, host, name).get("service-cluster-ip-range")
+            if got != want:
+                yield Finding(f"{role} serves service range {got}, the stack {want}", host.urn)
+    for host in r.of("gpu_nodes", "cpu_nodes")[:1]:
+        dns = r.var("kubelet", host, "kubelet_all_config").get("clusterDNS") or []
+        if want and not all(ipaddress.ip_address(d) in ipaddress.ip_network(want) for d in dns):
+            yield Finding(f"the kubelet's cluster DNS {dns} is outside the service range {want}", host.urn)
+    routes = [r_ for r_ in view.of_type(ROUTE) if r_.props.get("nextHopType") == "VirtualAppliance"]
+    if not any(r_.props.get("addressPrefix") == want for r_ in routes):
+        yield Finding(f"no hub route sends the service range {want} to the NAT host")
+
+
+@_rendering
+def _etcd_urls(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    main = sorted(kube.etcd_urls([h.address for h in r.of("etcd_main")]))
+    events = sorted(kube.etcd_urls([h.address for h in r.of("etcd_events")]))
+    for host in r.of("apiservers")[:1]:
+        flags = r.var("kube_apiserver", host, "kube_apiserver_all_flags")
+        got_main = sorted(str(flags.get("etcd-servers", "")).split(","))
+        override = str(flags.get("etcd-servers-overrides", ""))
+        got_events = (
+            sorted(override.removeprefix("/events#").split(";")) if override.startswith("/events#") else []
+        )
+        if got_main != main:
+            yield Finding(
+                f"--etcd-servers is {','.join(got_main)}, the plan's main members {','.join(main)}", host.urn
+            )
+        if got_events != events:
+            yield Finding(
+                f"--etcd-servers-overrides sends Events to {';'.join(got_events) or 'nowhere'}, "
+                f"the plan's events members are {';'.join(events)}",
+                host.urn,
+            )
+
+
+def _vmss(view: StackView, host: wiring.PlanHost) -> PlanResource:
+    return next(s for s in view.of_type("azure-native:compute:VirtualMachineScaleSet") if s.urn == host.urn)
+
+
+@_rendering
+def _max_pods(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    for host in r.of("gpu_nodes", "cpu_nodes"):
+        vmss = _vmss(view, host)
+        nics = ((vmss.props.get("virtualMachineProfile") or {}).get("networkProfile") or {}).get(
+            "networkInterfaceConfigurations"
+        ) or [{}]
+        pod_ips = max(len(nics[0].get("ipConfigurations") or []) - 1, 0)
+        got = r.var("kubelet", host, "kubelet_all_config").get("maxPods")
+        want = pod_ips + kube.HOST_NETWORK_PODS
+        if got != want:
+            yield Finding(
+                f"kubelet maxPods is {got}; the NIC carries {pod_ips} pod IPs, so it must be "
+                f"{pod_ips} + {kube.HOST_NETWORK_PODS} host-network pods = {want}",
+                vmss.urn,
+            )
+
+
+@_rendering
+def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    for host in r.of("gpu_nodes", "cpu_nodes"):
+        vmss = _vmss(view, host)
+        registration = (_cloud_init_files(vmss) or {}).get(REGISTRATION_FILE, "")
+        labels = {
+            k: v for k, _, v in (x.partition("=") for x in _kubelet_flag(registration, "--node-labels")) if k
+        }
+        taints = set(_kubelet_flag(registration, "--register-with-taints")) - {""}
+        tags = vmss.tags
+        if tags.get("cluster-autoscaler-enabled") == "true":
+            tag_labels = {
+                k.removeprefix(f"{TEMPLATE}_label_"): v
+                for k, v in tags.items()
+                if k.startswith(f"{TEMPLATE}_label_")
+            }
+            reg_labels = {k.replace("/", "_"): v for k, v in labels.items()}
+            if tag_labels != reg_labels:
+                diff = sorted(set(tag_labels.items()) ^ set(reg_labels.items()))
+                yield Finding(
+                    f"node labels and the autoscaler's node-template labels differ: {diff}", vmss.urn
+                )
+            tag_taints = {
+                f"{k.removeprefix(f'{TEMPLATE}_taint_')}={v}"
+                for k, v in tags.items()
+                if k.startswith(f"{TEMPLATE}_taint_")
+            }
+            reg_taints = {t.replace("/", "_") for t in taints}
+            if tag_taints != reg_taints:
+                yield Finding(
+                    f"node taints {sorted(reg_taints)} and the autoscaler's node-template taints "
+                    f"{sorted(tag_taints)} differ",
+                    vmss.urn,
+                )
+        config_doc = r.var("kubelet", host, "kubelet_all_config")
+        if "registerWithTaints" in config_doc or (
+            "registerNode" in config_doc and not config_doc["registerNode"]
+        ):
+            yield Finding(
+                "the kubelet configuration writes registration too; cloud-init alone owns labels and taints",
+                vmss.urn,
+            )
+
+
+@_rendering
+def _cluster_name(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    want = config.cluster
+    for host in r.of("apiservers")[:1]:
+        got = r.var("kube_controller_manager", host, "kube_controller_manager_all_flags").get("cluster-name")
+        if got != want:
+            yield Finding(f"kube-controller-manager names the cluster {got!r}, the stack {want!r}", host.urn)
+    for s in view.of_type("azure-native:compute:VirtualMachineScaleSet"):
+        for key in ("cluster", "cluster-autoscaler-name"):
+            if key in s.tags and s.tags[key] != want:
+                yield Finding(f"scale set tag {key} is {s.tags[key]!r}, the stack {want!r}", s.urn)
+
+
+@_rendering
+def _component_configs(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    version = str(wiring.inventory_vars(config.inventory).get("superkube_kubernetes_version", ""))
+    documents = []
+    for host in r.of("gpu_nodes", "cpu_nodes")[:1]:
+        documents.append((host, r.var("kubelet", host, "kubelet_all_config")))
+    for host in r.of("gpu_nodes", "cpu_nodes", "nat_host")[:1]:
+        documents.append((host, r.var("kube_proxy", host, "kube_proxy_all_config")))
+    for host in r.of("apiservers")[:1]:
+        assert r.engine is not None
+        documents.append(
+            (host, yaml.safe_load(r.engine.template("gang_scheduler", host, "scheduler-config.yaml.j2")))
+        )
+    for host, document in documents:
+        try:
+            found = reference.problems(document, version)
+        except reference.NoReference as exc:
+            found = [str(exc)]
+        for problem in found:
+            yield Finding(problem, host.urn)
+
+
+RULES = [
+    Rule(
+        "wiring-apiserver-endpoint",
+        "critical",
+        "Every kubeconfig points at the plan's API load balancer, whose serving certificate names it, "
+        "every API server and the first service IP.",
+        "Write the inventory again (superkube inventory) and drop group variables that override *_apiserver_url.",
+        _api_endpoint,
+    ),
+    Rule(
+        "wiring-service-cidr",
+        "critical",
+        "The service range is the same in the stack, the hub's route to the NAT host, the API server, "
+        "the controller-manager and the kubelets' cluster DNS.",
+        "Change superkube:service_cidr only, then write the inventory again; drop flag overrides of it.",
+        _service_cidr,
+    ),
+    Rule(
+        "wiring-etcd-urls",
+        "critical",
+        "The API server stores in the plan's main etcd members and sends Events to the plan's events members.",
+        "Keep etcd_main and etcd_events as the inventory groups the Pulumi program tags.",
+        _etcd_urls,
+    ),
+    Rule(
+        "wiring-kubelet-max-pods",
+        "high",
+        "Each pool's kubelet maxPods is its NICs' pod IPs plus the host-network agents.",
+        "Change pod_ips_per_node in superkube:node_pools and write the inventory again; drop maxPods overrides.",
+        _max_pods,
+    ),
+    Rule(
+        "wiring-node-registration",
+        "high",
+        "Nodes register with exactly the labels and taints the autoscaler's node-template tags advertise, "
+        "written by cloud-init alone.",
+        "Set labels and taints in superkube:node_pools only; NodePool writes both the tags and cloud-init.",
+        _registration,
+    ),
+    Rule(
+        "wiring-cluster-name",
+        "medium",
+        "The cluster's name is the same in the scale sets' tags and the controller-manager.",
+        "Set superkube:cluster_name (or the stack name) only; drop cluster-name flag overrides.",
+        _cluster_name,
+    ),
+    Rule(
+        "wiring-component-config",
+        "high",
+        "The kubelet, kube-proxy and scheduler configurations the roles write have only fields of the "
+        "cluster's Kubernetes release, each of its type.",
+        "Fix the field named in *_extra_config (or the role); the reference is data/kubernetes/<minor>/.",
+        _component_configs,
+    ),
+]

@@ -1,0 +1,105 @@
+"""What the roles render, rendered offline by the roles' own templates over the flagship's inventory:
+flags against each component's flag list, in-cluster objects against the official API schema."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from superkube import checks, inventory, wiring
+from superkube.plan import Plan
+from tests.playbooks.test_flag_filters import ALL_KNOWN, flags_module
+
+VERSION = "1.35"
+
+
+@pytest.fixture(scope="module")
+def engine(flagship_plan: Plan) -> wiring.Wiring:
+    view = checks.StackView(
+        checks.PlanResource(r.urn, r.type, r.name, r.inputs, r.parent, tuple(r.dependencies))
+        for r in flagship_plan.resources
+    )
+    return wiring.Wiring(
+        wiring.plan_hosts(view.resources), inventory.azure_rm(flagship_plan.spec, flagship_plan.addresses)
+    )
+
+
+def first(engine: wiring.Wiring, group: str) -> wiring.PlanHost:
+    return next(h for h in engine.hosts if h.group == group)
+
+
+COMPONENT_FLAGS = [
+    ("kube-apiserver", "kube_apiserver", "apiservers", "kube_apiserver_all_flags"),
+    ("kube-controller-manager", "kube_controller_manager", "apiservers", "kube_controller_manager_all_flags"),
+    ("kubelet", "kubelet", "gpu_nodes", "kubelet_flags"),
+]
+
+
+@pytest.mark.parametrize(
+    ("component", "role", "group", "var"), COMPONENT_FLAGS, ids=[c[0] for c in COMPONENT_FLAGS]
+)
+def test_each_components_flags_are_flags_of_its_release(
+    component: str, role: str, group: str, var: str, engine: wiring.Wiring
+) -> None:
+    flags = engine.render(role, first(engine, group), [var])[var]
+    assert flags and flags_module.flag_problems(flags, ALL_KNOWN[component]) == []
+    # the same check refuses a flag the release does not have
+    bad = {**flags, "no-such-flag": "1"}
+    assert flags_module.flag_problems(bad, ALL_KNOWN[component]) == [
+        "--no-such-flag: not a flag of this version"
+    ]
+
+
+def _validate(documents: list[dict[str, Any]]) -> None:
+    for doc in documents:
+        kubernetes_validate.validate(doc, VERSION, strict=True)
+
+
+def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -> None:
+    text = engine.template(
+        "kube_apiserver",
+        first(engine, "apiservers"),
+        "bootstrap.yaml.j2",
+        kube_apiserver_bootstrap_token="abcdef.0123456789abcdef",
+    )
+    documents = list(yaml.safe_load_all(text))
+    _validate(documents)
+    (secret,) = [d for d in documents if d["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "bootstrap-token-abcdef"
+    assert secret["type"] == "bootstrap.kubernetes.io/token"
+    groups = {s["name"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]}
+    assert groups == {secret["stringData"]["auth-extra-groups"], "system:nodes"}
+    broken = copy.deepcopy(secret)
+    broken["stringdata"] = broken.pop("stringData")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, VERSION, strict=True)
+
+
+def test_gang_scheduler_objects_and_a_podgroup_are_valid(engine: wiring.Wiring) -> None:
+    host = first(engine, "apiservers")
+    (crd,) = yaml.safe_load_all(engine.template("gang_scheduler", host, "podgroup-crd.yaml.j2"))
+    controller = list(yaml.safe_load_all(engine.template("gang_scheduler", host, "controller.yaml.j2")))
+    _validate([crd, *controller])
+    (binding,) = [
+        d
+        for d in controller
+        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "superkube:gang-scheduler"
+    ]
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-scheduler"}
+    ]
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    gang = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "job"},
+        "spec": {"minMember": 9},
+    }
+    jsonschema.validate(gang, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**gang, "spec": {"minMember": "nine"}}, schema)

@@ -1,0 +1,189 @@
+"""Cross-layer rules: each fact changed in one place only (the Azure plan, the inventory, or a group
+variable over the roles) is caught by its wiring rule, and by no other wiring rule."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from policies.rules import wiring as wiring_rules
+from superkube import checks
+from superkube.plan import Plan
+from tests.policies import mutations as m
+
+Doc = dict[str, Any]
+
+
+def _inventory_var(name: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(inventory: dict[str, Any]) -> None:
+        inventory["hostvar_expressions"][name] = (
+            json.dumps(value) if not isinstance(value, str) else f"'{value}'"
+        )
+
+    return change
+
+
+# (what changes, plan change, inventory change, group variables, the rule that must fire)
+CASES: list[
+    tuple[str, Callable[[Doc], None] | None, Callable[[dict[str, Any]], None] | None, dict[str, Any], str]
+] = [
+    ("plan: load balancer IP", m.move_apiserver_lb, None, {}, "wiring-apiserver-endpoint"),
+    (
+        "inventory: API URL",
+        None,
+        _inventory_var("superkube_apiserver_url", "https://10.65.16.9:6443"),
+        {},
+        "wiring-apiserver-endpoint",
+    ),
+    (
+        "group var: kubelet's API URL",
+        None,
+        None,
+        {"kubelet_apiserver_url": "https://10.0.0.1:6443"},
+        "wiring-apiserver-endpoint",
+    ),
+    (
+        "inventory: serving cert SANs",
+        None,
+        _inventory_var("superkube_apiserver_sans", ["10.65.16.4"]),
+        {},
+        "wiring-apiserver-endpoint",
+    ),
+    ("plan: hub route prefix", m.service_route_elsewhere, None, {}, "wiring-service-cidr"),
+    (
+        "inventory: service CIDR",
+        None,
+        _inventory_var("superkube_service_cidr", "10.129.0.0/16"),
+        {},
+        "wiring-service-cidr",
+    ),
+    (
+        "group var: controller-manager service range",
+        None,
+        None,
+        {"kube_controller_manager_extra_flags": {"service-cluster-ip-range": "10.130.0.0/16"}},
+        "wiring-service-cidr",
+    ),
+    (
+        "inventory: cluster DNS",
+        None,
+        _inventory_var("superkube_dns_ip", "10.1.0.10"),
+        {},
+        "wiring-service-cidr",
+    ),
+    (
+        "group var: etcd client port",
+        None,
+        None,
+        {"kube_apiserver_etcd_client_port": 2479},
+        "wiring-etcd-urls",
+    ),
+    (
+        "group var: Events to the main cluster",
+        None,
+        None,
+        {"kube_apiserver_etcd_events": ["etcd-main-flagship-0"]},
+        "wiring-etcd-urls",
+    ),
+    ("plan: one pod IP fewer", m.one_pod_ip_fewer, None, {}, "wiring-kubelet-max-pods"),
+    ("group var: maxPods", None, None, {"kubelet_extra_config": {"maxPods": 110}}, "wiring-kubelet-max-pods"),
+    (
+        "inventory: pool facts",
+        None,
+        _inventory_var(
+            "superkube_pools",
+            {
+                "gpu": {"role": "gpu", "pod_ips_per_node": 7, "max_pods": 32},
+                "cpu": {"role": "cpu", "pod_ips_per_node": 30, "max_pods": 38},
+            },
+        ),
+        {},
+        "wiring-kubelet-max-pods",
+    ),
+    ("plan: node-template label", m.node_template_label_differs, None, {}, "wiring-node-registration"),
+    ("plan: cloud-init label", m.cloud_init_label_differs, None, {}, "wiring-node-registration"),
+    (
+        "group var: taints in the kubelet config",
+        None,
+        None,
+        {"kubelet_extra_config": {"registerWithTaints": [{"key": "a", "effect": "NoSchedule"}]}},
+        "wiring-node-registration",
+    ),
+    (
+        "group var: a kubelet field 1.35 lacks",
+        None,
+        None,
+        {"kubelet_extra_config": {"maxPod": 20}},
+        "wiring-component-config",
+    ),
+    (
+        "group var: a kube-proxy value of the wrong type",
+        None,
+        None,
+        {"kube_proxy_extra_config": {"configSyncPeriod": "15 minutes"}},
+        "wiring-component-config",
+    ),
+    ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
+    (
+        "group var: controller-manager cluster name",
+        None,
+        None,
+        {"kube_controller_manager_extra_flags": {"cluster-name": "other"}},
+        "wiring-cluster-name",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def flagship(flagship_plan: Plan) -> tuple[Doc, checks.RuleConfig]:
+    return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
+
+
+def _fired(doc: Doc, config: checks.RuleConfig) -> dict[str, list[str]]:
+    report = checks.evaluate(checks.view_from_plan_document(doc), wiring_rules.RULES, config)
+    fired: dict[str, list[str]] = {}
+    for v in report.violations:
+        fired.setdefault(v.rule, []).append(v.message)
+    return fired
+
+
+def test_every_shipped_stack_is_wired_consistently(dev_plan: Plan, flagship_plan: Plan) -> None:
+    for plan in (dev_plan, flagship_plan):
+        config = checks.rule_config(plan.spec, plan.addresses)
+        assert _fired(plan.to_dict(), config) == {}, plan.stack
+
+
+@pytest.mark.parametrize(
+    ("plan_change", "inventory_change", "group_vars", "rule"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_one_fact_changed_in_one_place_is_caught(
+    plan_change: Callable[[Doc], None] | None,
+    inventory_change: Callable[[dict[str, Any]], None] | None,
+    group_vars: dict[str, Any],
+    rule: str,
+    flagship: tuple[Doc, checks.RuleConfig],
+) -> None:
+    doc, config = flagship
+    doc = copy.deepcopy(doc)
+    inventory = copy.deepcopy(dict(config.inventory))
+    if plan_change:
+        plan_change(doc)
+    if inventory_change:
+        inventory_change(inventory)
+    changed = checks.RuleConfig(**{**config.__dict__, "inventory": inventory, "group_vars": group_vars})
+    fired = _fired(doc, changed)
+    assert list(fired) == [rule], fired
+
+
+def test_without_an_inventory_the_rules_say_so(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+    doc, config = flagship
+    bare = checks.RuleConfig(**{**config.__dict__, "inventory": {}})
+    fired = _fired(doc, bare)
+    assert set(fired) == {r.name for r in wiring_rules.RULES}
+    assert all("no inventory" in msgs[0] for msgs in fired.values())
