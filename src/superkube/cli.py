@@ -612,10 +612,6 @@ def main() -> None:
         raise SystemExit(130) from None
 
 
-if __name__ == "__main__":
-    main()
-
-
 etcd_app = typer.Typer(help="The cluster's two etcd clusters (main and events).", no_args_is_help=True)
 app.add_typer(etcd_app, name="etcd")
 
@@ -669,3 +665,7 @@ def etcd_status(
             out.print(t)
     if any(not c["quorum"] for c in clusters.values()) or not clusters:
         raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -68,6 +68,7 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "apiserver_url": apiserver_url(addresses.apiserver_lb_ip),
         "apiserver_ips": [str(ip) for ip in addresses.apiserver_ips],
         "apiserver_sans": apiserver_ip_sans(addresses),
+        "apiserver_dns_names": apiserver_dns_names(),
         "service_ip": service_ip(spec.service_cidr),
         "dns_ip": service_ip(spec.service_cidr, DNS_SERVICE_INDEX),
         "cluster_domain": CLUSTER_DOMAIN,

@@ -83,6 +83,7 @@ class Host:
     prefixlen: int
     gateway: str
     pid: int | None = None
+    pool: str = ""  # the stack's node pool of a gpu_nodes / cpu_nodes host
 
     @property
     def netns(self) -> str:
@@ -95,13 +96,14 @@ class Lab:
     subnets: list[str]  # CIDRs the switch routes between (its address in each is .1)
     state_dir: str
     base_image: str
-    cluster_cidrs: list[str] = field(default_factory=list)
-    service_cidr: str = ""
-    hub_cidrs: list[str] = field(default_factory=list)
-    node_cidrs: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)  # inventory.cluster_facts of the lab's stack
     route_tables: list[list[str]] = field(default_factory=list)  # [source subnet, prefix, next hop]
-    kubernetes_version: str = ""
-    apiserver_address: str = ""
+    # what cloud-init writes on a node of each pool (path -> [content, mode]), from the plan
+    cloud_init: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    @property
+    def service_cidr(self) -> str:
+        return str(self.facts.get("service_cidr", ""))
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -285,8 +287,6 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
     root = planning.find_project()
     _, spec, addresses = planning.load(root, LAB_STACK)
     by_group = {
-        "gpu_nodes": addresses.subnet("gpu-0"),
-        "cpu_nodes": addresses.subnet("cpu-0"),
         "etcd_main": addresses.subnet("etcd-main"),
         "etcd_events": addresses.subnet("etcd-events"),
         "apiservers": addresses.subnet("apiservers"),
@@ -309,6 +309,11 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
                 raise LabError(f"subnet {net} holds no more lab hosts; use fewer --hosts")
         hosts.append(Host(name, group, str(address), net.prefixlen, str(net.network_address + 1)))
 
+    pools = {
+        role: next(p.name for p in spec.node_pools if p.role == role)
+        for role in ("gpu", "cpu")
+        if any(p.role == role for p in spec.node_pools)
+    }
     counts: dict[str, int] = {}
     for group in _groups_of(nodes):
         counts[group] = counts.get(group, 0) + 1
@@ -324,12 +329,13 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
                 )
             place(name, group, by_group[group].cidr, members[group].pop(0))
         else:
-            place(name, group, by_group[group].cidr)
+            place(name, group, addresses.subnet(f"{pools[group.removesuffix('_nodes')]}-0").cidr)
+            hosts[-1].pool = pools[group.removesuffix("_nodes")]
     place("hub-client", "hub", addresses.subnet("shared").cidr)
     place("internet", "internet", INTERNET)
     subnets = sorted({f"{IPv4Network((h.address, h.prefixlen), strict=False)}" for h in hosts})
     facts: dict[str, Any] = {
-        **cluster_facts(spec, addresses),
+        "facts": cluster_facts(spec, addresses),
         # The hub's route table in Azure: from the shared subnet, the service CIDR goes to the NAT host.
         "route_tables": [
             [str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]
@@ -379,6 +385,25 @@ def _host_dir(lab: Lab, host: Host) -> Path:
     return Path(lab.state_dir) / "hosts" / host.name
 
 
+def pool_cloud_init(project: Path | None = None) -> dict[str, dict[str, list[str]]]:
+    """What cloud-init writes on a node of each pool of the lab's stack: the plan's own custom data
+    of the pool's first scale set, decoded, so lab nodes register exactly as the plan's do."""
+    from superkube import cloudinit
+    from superkube import plan as planning
+
+    recorded = planning.run(project or planning.find_project(), LAB_STACK)
+    out: dict[str, dict[str, list[str]]] = {}
+    for vmss in recorded.of_type("azure-native:compute:VirtualMachineScaleSet"):
+        pool = vmss.inputs["tags"]["superkube-pool"]
+        if pool in out:
+            continue
+        doc = cloudinit.decode(vmss.inputs["virtualMachineProfile"]["osProfile"]["customData"])
+        files = doc.get("write_files") or []
+        assert isinstance(files, list)
+        out[pool] = {f["path"]: [f["content"], f.get("permissions", "0644")] for f in files}
+    return out
+
+
 def _prepare_root(lab: Lab, host: Host) -> Path:
     base = _host_dir(lab, host)
     for sub in ("upper", "work", "root"):
@@ -400,6 +425,13 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
     (merged / "etc" / "hosts").write_text(
         "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in lab.hosts)
     )
+    # cloud-init's files, as Azure's cloud-init writes them on the pool's VMs (its runcmd, the join
+    # unit, stays off: the lab has no kubelet to start)
+    for path, (content, mode) in lab.cloud_init.get(host.pool, {}).items():
+        target = merged / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        os.chmod(target, int(mode, 8))
     ssh = merged / "root" / ".ssh"
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh / "authorized_keys").write_text(Path(str(lab.key) + ".pub").read_text())
@@ -538,7 +570,10 @@ def write_inventory(lab: Lab) -> Path:
     common = f"-o ProxyCommand='{proxy_command()}' -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes"
     groups: dict[str, Any] = {g: {"hosts": {}} for g in (*GROUPS, "hub", "internet")}
     for h in lab.hosts:
-        groups[h.group]["hosts"][h.name] = {"ansible_host": h.address}
+        groups[h.group]["hosts"][h.name] = {
+            "ansible_host": h.address,
+            **({"superkube_pool": h.pool} if h.pool else {}),
+        }
     children = {g: v for g, v in groups.items() if v["hosts"]}
     inventory = {
         "all": {
@@ -549,12 +584,7 @@ def write_inventory(lab: Lab) -> Path:
                 "ansible_python_interpreter": "/usr/bin/python3",
                 "superkube_lab": True,
                 "superkube_cluster": LAB_STACK,
-                "superkube_cluster_cidrs": lab.cluster_cidrs,
-                "superkube_service_cidr": lab.service_cidr,
-                "superkube_hub_cidrs": lab.hub_cidrs,
-                "superkube_node_cidrs": lab.node_cidrs,
-                "superkube_kubernetes_version": lab.kubernetes_version,
-                "superkube_apiserver_address": lab.apiserver_address,
+                **{f"superkube_{k}": v for k, v in lab.facts.items()},
                 "nat_host_services": lab_services(lab),
             },
             "children": {
@@ -580,7 +610,15 @@ def up(
     hosts, subnets, facts = layout(nodes if isinstance(nodes, dict) else parse_hosts(nodes))
     base = build_base_image(lambda what, f: progress(what, 0.6 * f), cache_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    lab = Lab(hosts=hosts, subnets=subnets, state_dir=str(state_dir), base_image=str(base), **facts)
+    progress("planning the stack's cloud-init", 0.6)
+    lab = Lab(
+        hosts=hosts,
+        subnets=subnets,
+        state_dir=str(state_dir),
+        base_image=str(base),
+        cloud_init=pool_cloud_init(),
+        **facts,
+    )
     try:
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "superkube-lab", "-f", str(lab.key)])
         _ensure_switch(subnets)

@@ -9,7 +9,8 @@ import pytest
 from superkube import lab
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
-CONTROL_PLANE = "etcd_main=5,etcd_events=3,apiservers=1"
+# the control plane, and one node of each kind plus the NAT host to join it
+CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=1"
 
 
 class Labs:

@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import json
 import shlex
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube import fleet as runner
-from superkube import lab
+from superkube import kube, lab, reference
+from superkube import plan as planning
 from superkube.cli import app
 from tests.lab.conftest import sh
 
@@ -157,9 +159,9 @@ def test_apiserver_flags_are_kube_apiserver_1_35_flags_and_split_events(
     control_plane: lab.Lab, converged: dict[str, Any]
 ) -> None:
     flags = _flags(sh(control_plane, "apiservers-1", "cat /etc/kubernetes/kube-apiserver.env"))
-    known = yaml.safe_load((ROOT / "playbooks/roles/kube_apiserver/vars/flags-1.35.yml").read_text())[
-        "kube_apiserver_known_flags"
-    ]
+    known = yaml.safe_load((ROOT / "playbooks/roles/kube_component/vars/flags-1.35.yml").read_text())[
+        "kube_component_known_flags"
+    ]["kube-apiserver"]
     assert _flag_plugin().flag_problems(flags, known) == []
     main = [f"https://{a}:2379" for a in addresses(control_plane, "etcd_main")]
     events = [f"https://{a}:2379" for a in addresses(control_plane, "etcd_events")]
@@ -187,102 +189,7 @@ def test_apiserver_flags_are_kube_apiserver_1_35_flags_and_split_events(
     assert policy["rules"] and all(r["level"] in levels for r in policy["rules"])
 
 
-# kubescheduler.config.k8s.io/v1 (Kubernetes 1.34/1.35) and CoschedulingArgs of scheduler-plugins
-# v0.34.x: every field, closed, so a misspelt or removed field fails.
-_PLUGIN = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name"],
-    "properties": {"name": {"type": "string"}, "weight": {"type": "integer"}},
-}
-_SET = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "enabled": {"type": "array", "items": _PLUGIN},
-        "disabled": {"type": "array", "items": _PLUGIN},
-    },
-}
-_POINTS = (
-    "preEnqueue",
-    "queueSort",
-    "preFilter",
-    "filter",
-    "postFilter",
-    "preScore",
-    "score",
-    "reserve",
-    "permit",
-    "preBind",
-    "bind",
-    "postBind",
-    "multiPoint",
-)
-SCHEDULER_V1 = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "profiles"],
-    "properties": {
-        "apiVersion": {"const": "kubescheduler.config.k8s.io/v1"},
-        "kind": {"const": "KubeSchedulerConfiguration"},
-        "parallelism": {"type": "integer"},
-        "leaderElection": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                k: {}
-                for k in (
-                    "leaderElect",
-                    "leaseDuration",
-                    "renewDeadline",
-                    "retryPeriod",
-                    "resourceLock",
-                    "resourceName",
-                    "resourceNamespace",
-                )
-            },
-        },
-        "clientConnection": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                k: {} for k in ("kubeconfig", "acceptContentTypes", "contentType", "qps", "burst")
-            },
-        },
-        "enableProfiling": {"type": "boolean"},
-        "enableContentionProfiling": {"type": "boolean"},
-        "percentageOfNodesToScore": {"type": "integer"},
-        "podInitialBackoffSeconds": {"type": "integer"},
-        "podMaxBackoffSeconds": {"type": "integer"},
-        "delayCacheUntilActive": {"type": "boolean"},
-        "extenders": {"type": "array"},
-        "profiles": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "schedulerName": {"type": "string"},
-                    "percentageOfNodesToScore": {"type": "integer"},
-                    "plugins": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "properties": {p: _SET for p in _POINTS},
-                    },
-                    "pluginConfig": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["name"],
-                            "properties": {"name": {"type": "string"}, "args": {"type": "object"}},
-                        },
-                    },
-                },
-            },
-        },
-    },
-}
+# CoschedulingArgs of scheduler-plugins v0.34.x: every field, closed, so a misspelt or removed field fails.
 COSCHEDULING_ARGS_V034 = {
     "type": "object",
     "additionalProperties": False,
@@ -302,7 +209,7 @@ def test_scheduler_runs_coscheduling_as_the_only_profile(
     control_plane: lab.Lab, converged: dict[str, Any]
 ) -> None:
     config = yaml.safe_load(sh(control_plane, "apiservers-1", "cat /etc/kubernetes/scheduler-config.yaml"))
-    jsonschema.validate(config, SCHEDULER_V1)
+    assert reference.problems(config, "1.35.0") == []  # every field against the release's Go types
     (profile,) = config["profiles"]
     assert profile["schedulerName"] == "default-scheduler"  # replaces the default scheduler
     assert profile["plugins"]["queueSort"] == {
@@ -312,10 +219,17 @@ def test_scheduler_runs_coscheduling_as_the_only_profile(
     assert profile["plugins"]["multiPoint"]["enabled"] == [{"name": "Coscheduling"}]
     (args,) = [c["args"] for c in profile["pluginConfig"] if c["name"] == "Coscheduling"]
     jsonschema.validate(args, COSCHEDULING_ARGS_V034)
-    pod = yaml.safe_load(
-        sh(control_plane, "apiservers-1", "cat /etc/kubernetes/manifests/kube-scheduler.yaml")
+    # a host service like every control-plane component, on the scheduler-plugins build pinned by digest
+    unit = sh(control_plane, "apiservers-1", "cat /etc/systemd/system/kube-scheduler.service")
+    assert "ExecStart=/usr/local/bin/kube-scheduler-ae94c1224ef5 $KUBE_SCHEDULER_ARGS" in unit
+    assert (
+        sh(
+            control_plane,
+            "apiservers-1",
+            "test -e /etc/kubernetes/manifests/kube-scheduler.yaml || echo none",
+        ).strip()
+        == "none"
     )
-    assert pod["spec"]["containers"][0]["image"] == "registry.k8s.io/scheduler-plugins/kube-scheduler:v0.34.7"
 
 
 def test_podgroup_crd_and_controller(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
@@ -369,6 +283,201 @@ def test_etcd_status_shows_both_clusters(control_plane: lab.Lab, converged: dict
             h.name for h in control_plane.hosts if h.group == group
         )
         assert all(m["db_size"] > 0 for m in c["members"])
+
+
+# --- the Kubernetes wiring: certificates, kubeconfigs, units and node registration ----------------
+
+
+@pytest.fixture(scope="module")
+def flagship() -> Any:
+    """The plan the lab's hosts sit in: the facts every rendered file must agree with."""
+    return planning.run(ROOT, lab.LAB_STACK)
+
+
+PKI = "/etc/kubernetes/pki"
+
+
+def _subject(fleet: lab.Lab, host: str, cert: str) -> str:
+    return sh(fleet, host, f"openssl x509 -in {cert} -noout -subject -nameopt RFC2253").strip()
+
+
+def test_kubernetes_certificates_verify_and_carry_the_plans_names(
+    control_plane: lab.Lab, converged: dict[str, Any], flagship: Any
+) -> None:
+    for cert, ca in (
+        ("apiserver.crt", "ca.crt"),
+        ("apiserver-kubelet-client.crt", "ca.crt"),
+        ("admin.crt", "ca.crt"),
+        ("controller-manager.crt", "ca.crt"),
+        ("scheduler.crt", "ca.crt"),
+        ("front-proxy-client.crt", "front-proxy-ca.crt"),
+        ("etcd/apiserver-etcd-client.crt", "etcd/ca.crt"),
+    ):
+        out = sh(control_plane, "apiservers-1", f"openssl verify -CAfile {PKI}/{ca} {PKI}/{cert}")
+        assert out.strip() == f"{PKI}/{cert}: OK"
+    for host in ("gpu-1", "cpu-1", "nat"):
+        out = sh(control_plane, host, f"openssl verify -CAfile {PKI}/ca.crt {PKI}/kube-proxy.crt")
+        assert out.strip().endswith(": OK")
+    # a certificate of another CA is refused: the check can fail
+    foreign = lab.ssh(
+        control_plane,
+        control_plane.host("apiservers-1"),
+        f"openssl verify -CAfile {PKI}/front-proxy-ca.crt {PKI}/apiserver.crt",
+    )
+    assert foreign.returncode != 0
+    sans = sh(
+        control_plane, "apiservers-1", f"openssl x509 -in {PKI}/apiserver.crt -noout -ext subjectAltName"
+    )
+    entries = {e.strip() for e in sans.splitlines()[1].split(",")}
+    addresses = flagship.addresses
+    assert {e.removeprefix("IP Address:") for e in entries if e.startswith("IP Address:")} == {
+        *kube.apiserver_ip_sans(addresses),
+        "127.0.0.1",
+    }
+    assert str(addresses.apiserver_lb_ip) in sans and all(str(ip) in sans for ip in addresses.apiserver_ips)
+    assert {e.removeprefix("DNS:") for e in entries if e.startswith("DNS:")} == {
+        *kube.apiserver_dns_names(),
+        "localhost",
+    }
+    # identities the API server's RBAC knows
+    assert (
+        _subject(control_plane, "apiservers-1", f"{PKI}/admin.crt") == "CN=superkube-admin,O=system:masters"
+    )
+    assert (
+        _subject(control_plane, "apiservers-1", f"{PKI}/controller-manager.crt")
+        == "CN=system:kube-controller-manager"
+    )
+    assert _subject(control_plane, "apiservers-1", f"{PKI}/scheduler.crt") == "CN=system:kube-scheduler"
+    assert _subject(control_plane, "gpu-1", f"{PKI}/kube-proxy.crt") == "CN=system:kube-proxy"
+    # every API server and the controller-manager share one service-account key pair
+    assert (
+        sh(control_plane, "apiservers-1", f"sha256sum < {PKI}/service-account.key")
+        == hashlib.sha256(
+            (Path(control_plane.state_dir) / "pki/kubernetes/service-account.key").read_bytes()
+        ).hexdigest()
+        + "  -\n"
+    )
+
+
+KUBECONFIGS = (
+    ("apiservers-1", "/etc/kubernetes/admin.conf"),
+    ("apiservers-1", "/etc/kubernetes/controller-manager.conf"),
+    ("apiservers-1", "/etc/kubernetes/scheduler.conf"),
+    ("gpu-1", "/etc/kubernetes/bootstrap-kubelet.conf"),
+    ("gpu-1", "/etc/kubernetes/kube-proxy.conf"),
+    ("cpu-1", "/etc/kubernetes/bootstrap-kubelet.conf"),
+    ("nat", "/etc/kubernetes/kube-proxy.conf"),
+)
+
+
+@pytest.mark.parametrize(("host", "path"), KUBECONFIGS, ids=[f"{h}:{p}" for h, p in KUBECONFIGS])
+def test_every_kubeconfig_parses_and_points_at_the_plans_load_balancer(
+    host: str, path: str, control_plane: lab.Lab, converged: dict[str, Any], flagship: Any, tmp_path: Path
+) -> None:
+    local = tmp_path / "kubeconfig"
+    local.write_text(sh(control_plane, host, f"cat {path}"))
+    view = subprocess.run(
+        ["kubectl", "config", "view", "--raw", "-o", "json", "--kubeconfig", str(local)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    config = json.loads(view.stdout)
+    ((cluster,),) = [[c["cluster"] for c in config["clusters"]]]
+    assert cluster["server"] == kube.apiserver_url(flagship.addresses.apiserver_lb_ip)
+    sh(control_plane, host, f"openssl x509 -in {cluster['certificate-authority']} -noout")
+    ((user,),) = [[u["user"] for u in config["users"]]]
+    if "token" in user:
+        token = (Path(control_plane.state_dir) / "pki/kubernetes/bootstrap.token").read_text().strip()
+        assert user["token"] == token and path.endswith("bootstrap-kubelet.conf")
+    else:
+        for key in ("client-certificate", "client-key"):
+            sh(control_plane, host, f"test -s {user[key]}")
+        verify = f"openssl verify -CAfile {cluster['certificate-authority']} {user['client-certificate']}"
+        assert sh(control_plane, host, verify).strip().endswith(": OK")
+
+
+UNITS = (
+    ("apiservers-1", "kube-apiserver"),
+    ("apiservers-1", "kube-controller-manager"),
+    ("apiservers-1", "kube-scheduler"),
+    ("gpu-1", "kubelet"),
+    ("gpu-1", "kube-proxy"),
+    ("nat", "kube-proxy"),
+)
+
+
+@pytest.mark.parametrize(("host", "unit"), UNITS, ids=[f"{h}:{u}" for h, u in UNITS])
+def test_every_unit_passes_systemd_analyze_verify(
+    host: str, unit: str, control_plane: lab.Lab, converged: dict[str, Any]
+) -> None:
+    text = sh(control_plane, host, f"cat /etc/systemd/system/{unit}.service")
+    (binary,) = [
+        line.split("=", 1)[1].split()[0] for line in text.splitlines() if line.startswith("ExecStart=")
+    ]
+    proc = lab.ssh(
+        control_plane, control_plane.host(host), f"systemd-analyze verify /etc/systemd/system/{unit}.service"
+    )
+    # the lab cannot have the release binaries: the one diagnostic allowed is about that binary
+    problems = [
+        line for line in (proc.stdout + proc.stderr).splitlines() if line.strip() and binary not in line
+    ]
+    assert problems == [], problems
+    assert sh(control_plane, host, f"test -e {binary} || echo missing").strip() == "missing"
+    # and systemd-analyze does fail a broken unit: the check can fail
+    broken = lab.ssh(
+        control_plane,
+        control_plane.host(host),
+        f"sed 's/^ExecStart=/ExecStrat=/' /etc/systemd/system/{unit}.service > /tmp/broken-{unit}.service"
+        f" && systemd-analyze verify /tmp/broken-{unit}.service",
+    )
+    assert "ExecStrat" in broken.stdout + broken.stderr
+
+
+def test_nodes_register_as_the_autoscaler_expects_and_fit_their_pod_ips(
+    control_plane: lab.Lab, converged: dict[str, Any], flagship: Any
+) -> None:
+    spec = flagship.spec
+    for host in ("gpu-1", "cpu-1"):
+        pool_name = control_plane.host(host).pool
+        pool = next(p for p in spec.node_pools if p.name == pool_name)
+        config = yaml.safe_load(sh(control_plane, host, "cat /var/lib/kubelet/config.yaml"))
+        assert config["maxPods"] == pool.pod_ips_per_node + kube.HOST_NETWORK_PODS
+        assert config["clusterDNS"] == [kube.service_ip(spec.service_cidr, kube.DNS_SERVICE_INDEX)]
+        assert "registerWithTaints" not in config  # cloud-init alone registers
+        assert reference.problems(config, flagship.spec.kubernetes_version) == []
+        proxy = yaml.safe_load(sh(control_plane, host, "cat /etc/kubernetes/kube-proxy.yaml"))
+        assert reference.problems(proxy, flagship.spec.kubernetes_version) == []
+        # what cloud-init wrote is what the plan's scale set advertises to the autoscaler
+        (vmss,) = [
+            r
+            for r in flagship.of_type("azure-native:compute:VirtualMachineScaleSet")
+            if r.inputs["tags"]["superkube-pool"] == pool_name and r.name.endswith("-0")
+        ]
+        tags = vmss.inputs["tags"]
+        template = "k8s.io_cluster-autoscaler_node-template"
+        registration = sh(control_plane, host, "cat /etc/default/kubelet")
+        (args,) = shlex.split(registration.split("KUBELET_EXTRA_ARGS=", 1)[1])
+        flags = dict(a[2:].split("=", 1) for a in args.split())
+        labels = dict(item.split("=", 1) for item in flags["node-labels"].split(","))
+        assert {k.replace("/", "_"): v for k, v in labels.items()} == {
+            k.removeprefix(f"{template}_label_"): v
+            for k, v in tags.items()
+            if k.startswith(f"{template}_label_")
+        }
+        taints = set(filter(None, flags.get("register-with-taints", "").split(",")))
+        assert {t.replace("/", "_") for t in taints} == {
+            f"{k.removeprefix(f'{template}_taint_')}={v}"
+            for k, v in tags.items()
+            if k.startswith(f"{template}_taint_")
+        }
+        assert (pool.role == "gpu") == ("superkube.io/preflight=pending:NoSchedule" in taints)
+        unit = sh(control_plane, host, "cat /etc/systemd/system/kubelet.service")
+        assert "EnvironmentFile=-/etc/default/kubelet" in unit and "$KUBELET_EXTRA_ARGS" in unit
+        # the join waits for the bootstrap kubeconfig converge wrote
+        assert "PathExists=/etc/kubernetes/bootstrap-kubelet.conf" in sh(
+            control_plane, host, "cat /etc/systemd/system/superkube-join.path"
+        )
 
 
 def test_main_writes_with_two_members_down_and_they_rejoin(
