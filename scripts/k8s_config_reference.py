@@ -58,12 +58,17 @@ SCALARS: dict[str, dict[str, Any]] = {
         },
     },
 }
-SCALARS |= {t: {"type": "integer"} for t in ("int", "int8", "int16", "int32", "int64", "uint", "uint16", "uint32", "uint64")}
+SCALARS |= {
+    t: {"type": "integer"}
+    for t in ("int", "int8", "int16", "int32", "int64", "uint", "uint16", "uint32", "uint64")
+}
 
 
 def go_sources(repo: Path, tag: str, paths: list[str]) -> str:
     return "\n".join(
-        subprocess.run(["git", "-C", str(repo), "show", f"{tag}:{p}"], capture_output=True, text=True, check=True).stdout
+        subprocess.run(
+            ["git", "-C", str(repo), "show", f"{tag}:{p}"], capture_output=True, text=True, check=True
+        ).stdout
         for p in paths
     )
 
@@ -165,7 +170,8 @@ def main() -> None:
         ),
         "kube-scheduler-config.v1": kind_schema(
             Types(
-                go_sources(args.kube_scheduler, args.scheduler_tag, ["config/v1/types.go"]), base(args.scheduler_tag)
+                go_sources(args.kube_scheduler, args.scheduler_tag, ["config/v1/types.go"]),
+                base(args.scheduler_tag),
             ),
             "KubeSchedulerConfiguration",
             "kubescheduler.config.k8s.io/v1",

@@ -250,8 +250,14 @@ def _ensure_token(ca_dir, name):
     path = ca_dir / f"{name}.token"
     if path.exists():
         token = path.read_text().strip()
-        if len(token) != 23 or token[6] != "." or any(c not in TOKEN_ALPHABET for c in token.replace(".", "")):
-            raise ValueError(f"{path} is not a bootstrap token (6 and 16 of a-z0-9, joined by a dot); remove it")
+        if (
+            len(token) != 23
+            or token[6] != "."
+            or any(c not in TOKEN_ALPHABET for c in token.replace(".", ""))
+        ):
+            raise ValueError(
+                f"{path} is not a bootstrap token (6 and 16 of a-z0-9, joined by a dot); remove it"
+            )
         return {"changed": False, "token_file": str(path), "token_id": token[:6]}
     token = "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(6))
     token += "." + "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(16))
