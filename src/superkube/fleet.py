@@ -165,7 +165,11 @@ def converge(
         )
         stats = runner.stats or {}
         if runner.status != "successful" and not stats:
-            tail = (runner.stdout.read() if runner.stdout else "").strip().splitlines()[-3:]
+            output = ""
+            if runner.stdout:
+                with runner.stdout as handle:  # ansible-runner opens a new file each time
+                    output = handle.read()
+            tail = output.strip().splitlines()[-3:]
             problems.append(
                 " ".join(" ".join(tail).split())[:400] or f"ansible-playbook ended {runner.status}"
             )
