@@ -298,7 +298,11 @@ PKI = "/etc/kubernetes/pki"
 
 
 def _subject(fleet: lab.Lab, host: str, cert: str) -> str:
-    return sh(fleet, host, f"openssl x509 -in {cert} -noout -subject -nameopt RFC2253").strip()
+    return (
+        sh(fleet, host, f"openssl x509 -in {cert} -noout -subject -nameopt RFC2253")
+        .strip()
+        .removeprefix("subject=")
+    )
 
 
 def test_kubernetes_certificates_verify_and_carry_the_plans_names(
