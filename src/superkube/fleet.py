@@ -166,8 +166,9 @@ def converge(
         stats = runner.stats or {}
         if runner.status != "successful" and not stats:
             output = ""
-            if runner.stdout:
-                with runner.stdout as handle:  # ansible-runner opens a new file each time
+            handle: Any = runner.stdout  # ansible-runner opens the file anew on each access
+            if handle:
+                with handle:
                     output = handle.read()
             tail = output.strip().splitlines()[-3:]
             problems.append(
