@@ -166,10 +166,10 @@ def converge(
         stats = runner.stats or {}
         if runner.status != "successful" and not stats:
             output = ""
-            handle: Any = runner.stdout  # ansible-runner opens the file anew on each access
-            if handle:
-                with handle:
-                    output = handle.read()
+            stdout_file = runner.stdout  # ansible-runner opens the file anew on each access
+            if stdout_file:
+                with stdout_file:
+                    output = stdout_file.read()
             tail = output.strip().splitlines()[-3:]
             problems.append(
                 " ".join(" ".join(tail).split())[:400] or f"ansible-playbook ended {runner.status}"
