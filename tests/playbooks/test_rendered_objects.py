@@ -36,7 +36,9 @@ def first(engine: wiring.Wiring, group: str) -> wiring.PlanHost:
 COMPONENT_FLAGS = [
     ("kube-apiserver", "kube_apiserver", "apiservers", "kube_apiserver_all_flags"),
     ("kube-controller-manager", "kube_controller_manager", "apiservers", "kube_controller_manager_all_flags"),
+    ("kube-scheduler", "gang_scheduler", "apiservers", "gang_scheduler_flags"),
     ("kubelet", "kubelet", "gpu_nodes", "kubelet_flags"),
+    ("kube-proxy", "kube_proxy", "nat_host", "kube_proxy_flags"),
 ]
 
 
@@ -103,3 +105,20 @@ def test_gang_scheduler_objects_and_a_podgroup_are_valid(engine: wiring.Wiring) 
     jsonschema.validate(gang, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**gang, "spec": {"minMember": "nine"}}, schema)
+
+
+def test_cloud_inits_registration_flags_are_kubelet_flags(flagship_plan: Plan) -> None:
+    import shlex
+
+    from superkube import cloudinit
+
+    for vmss in flagship_plan.of_type("azure-native:compute:VirtualMachineScaleSet"):
+        files = cloudinit.decode(vmss.inputs["virtualMachineProfile"]["osProfile"]["customData"])[
+            "write_files"
+        ]
+        assert isinstance(files, list)
+        (registration,) = [f["content"] for f in files if f["path"] == cloudinit.REGISTRATION_FILE]
+        (args,) = shlex.split(registration.split("KUBELET_EXTRA_ARGS=", 1)[1])
+        flags = dict(a[2:].split("=", 1) for a in args.split())
+        assert "node-labels" in flags
+        assert flags_module.flag_problems(flags, ALL_KNOWN["kubelet"]) == []
