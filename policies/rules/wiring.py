@@ -14,7 +14,7 @@ import yaml
 from policies.rules.compute import TEMPLATE, _cloud_init_files, _kubelet_flag
 from superkube import kube, reference, wiring
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
-from superkube.cloudinit import REGISTRATION_FILE
+from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
 
 LB = "azure-native:network:LoadBalancer"
 ROUTE = "azure-native:network:Route"
@@ -218,6 +218,14 @@ def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
                     f"{sorted(tag_taints)} differ",
                     vmss.urn,
                 )
+        bootstrap = r.var("kubelet", host, "kubelet_bootstrap_kubeconfig")
+        join = (_cloud_init_files(vmss) or {}).get(JOIN_PATH_UNIT, "")
+        if f"PathExists={bootstrap}\n" not in join:
+            yield Finding(
+                f"cloud-init's join unit does not wait for {bootstrap}, where the kubelet role writes the "
+                "bootstrap kubeconfig: the node would never join",
+                vmss.urn,
+            )
         config_doc = r.var("kubelet", host, "kubelet_all_config")
         if "registerWithTaints" in config_doc or (
             "registerNode" in config_doc and not config_doc["registerNode"]
@@ -298,8 +306,9 @@ RULES = [
         "wiring-node-registration",
         "high",
         "Nodes register with exactly the labels and taints the autoscaler's node-template tags advertise, "
-        "written by cloud-init alone.",
-        "Set labels and taints in superkube:node_pools only; NodePool writes both the tags and cloud-init.",
+        "written by cloud-init alone, whose join waits for the bootstrap kubeconfig the kubelet role writes.",
+        "Set labels and taints in superkube:node_pools only (NodePool writes both the tags and cloud-init); "
+        "write the inventory again with superkube inventory.",
         _registration,
     ),
     Rule(

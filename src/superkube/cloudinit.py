@@ -26,6 +26,7 @@ PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}=pending:NoSchedule"
 PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}=pending"
 REGISTRATION_FILE = "/etc/default/kubelet"
 JOIN_SCRIPT = "/usr/local/sbin/superkube-join"
+JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
 # written by the node_software role; its arrival starts the join
 BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 
@@ -123,7 +124,7 @@ def render(
                 ),
             },
             {"path": JOIN_SCRIPT, "permissions": "0755", "content": join},
-            {"path": "/etc/systemd/system/superkube-join.path", "permissions": "0644", "content": join_path},
+            {"path": JOIN_PATH_UNIT, "permissions": "0644", "content": join_path},
             {
                 "path": "/etc/systemd/system/superkube-join.service",
                 "permissions": "0644",

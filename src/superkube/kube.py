@@ -10,6 +10,7 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
+from superkube.cloudinit import BOOTSTRAP_KUBECONFIG, REGISTRATION_FILE
 from superkube.ipam import AddressPlan
 from superkube.spec import ClusterSpec, NodePool
 
@@ -72,6 +73,9 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "service_ip": service_ip(spec.service_cidr),
         "dns_ip": service_ip(spec.service_cidr, DNS_SERVICE_INDEX),
         "cluster_domain": CLUSTER_DOMAIN,
+        # where cloud-init's registration lies and which file's arrival starts its join unit
+        "kubelet_registration_file": REGISTRATION_FILE,
+        "kubelet_bootstrap_kubeconfig": BOOTSTRAP_KUBECONFIG,
         "pools": {
             p.name: {"role": p.role, "pod_ips_per_node": p.pod_ips_per_node, "max_pods": max_pods(p)}
             for p in spec.node_pools

@@ -46,15 +46,11 @@ def _ansible() -> tuple[Any, Any, Any]:
 
 
 @functools.cache
-def _role_vars(role: str) -> dict[str, Any]:
-    """A role's defaults and vars as loaded (templates unrendered); callers copy before changing."""
+def _role_file(role: str, part: str) -> dict[str, Any]:
+    """A role's defaults or vars as loaded (templates unrendered); callers copy before changing."""
     loader, _, _ = _ansible()
-    out: dict[str, Any] = {}
-    for part in ("defaults", "vars"):
-        path = PLAYBOOKS / "roles" / role / part / "main.yml"
-        if path.is_file():
-            out.update(loader.load_from_file(str(path), trusted_as_template=True) or {})
-    return out
+    path = PLAYBOOKS / "roles" / role / part / "main.yml"
+    return dict(loader.load_from_file(str(path), trusted_as_template=True) or {}) if path.is_file() else {}
 
 
 def inventory_vars(azure_rm: Mapping[str, Any], tags: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -118,9 +114,11 @@ class Wiring:
     def _templar(self, role: str, host: PlanHost) -> Any:
         loader, templar_class, _ = _ansible()
         hostvars = {h.name: {"ansible_host": h.address} for h in self.hosts}
+        # Ansible's precedence: role defaults < inventory and group variables < role vars
         variables = {
-            **_role_vars(role),
+            **_role_file(role, "defaults"),
             **self.host_vars(host),
+            **_role_file(role, "vars"),
             "groups": self.groups,
             "hostvars": hostvars,
             "inventory_dir": "/inventory",

@@ -127,6 +127,13 @@ CASES: list[
         {"kube_proxy_extra_config": {"configSyncPeriod": "15 minutes"}},
         "wiring-component-config",
     ),
+    (
+        "inventory: where the bootstrap kubeconfig goes",
+        None,
+        _inventory_var("superkube_kubelet_bootstrap_kubeconfig", "/etc/kubernetes/other.conf"),
+        {},
+        "wiring-node-registration",
+    ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (
         "group var: controller-manager cluster name",
