@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from superkube import diagram, report
+from superkube.kube import APISERVER_PORT
 from superkube.spec import SpecError
 
 app = typer.Typer(
@@ -147,7 +148,7 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
         tree.add(f"[dim]peered spoke {name} {space} (another cluster)[/]")
     spoke = tree.add(f"[bold]spoke[/] {topo['spoke']['address_space']} (peered with the hub only)")
     api = topo["spoke"]["apiservers"]
-    spoke.add(f"{len(api['members'])} API servers behind {api['load_balancer']}:6443")
+    spoke.add(f"{len(api['members'])} API servers behind {api['load_balancer']}:{APISERVER_PORT}")
     spoke.add(
         f"etcd main: {len(topo['spoke']['etcd_main'])} members; etcd events: {len(topo['spoke']['etcd_events'])} members"
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from superkube.kube import APISERVER_PORT
+
 BOX = "fill:#f7f9fc;stroke:#34495e;stroke-width:1.5"
 HUB = "fill:#eaf2fb;stroke:#2c6fbb;stroke-width:2"
 SPOKE = "fill:#eef8ee;stroke:#2e8b57;stroke-width:2"
@@ -86,7 +88,10 @@ def render(plan: dict[str, Any]) -> str:
     ]
     api = spoke["apiservers"]
     boxes = [
-        ("API servers", [f"{len(api['members'])} VMs behind ILB", f"{api['load_balancer']}:6443"]),
+        (
+            "API servers",
+            [f"{len(api['members'])} VMs behind ILB", f"{api['load_balancer']}:{APISERVER_PORT}"],
+        ),
         ("etcd main", [f"{len(spoke['etcd_main'])} members", "premium data disks"]),
         ("etcd events", [f"{len(spoke['etcd_events'])} members", "/events override"]),
     ]

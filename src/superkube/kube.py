@@ -66,6 +66,8 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     """The wiring facts the roles read (inventory vars, without the superkube_ prefix)."""
     return {
         "apiserver_port": APISERVER_PORT,
+        "etcd_client_port": ETCD_CLIENT_PORT,
+        "etcd_peer_port": ETCD_PEER_PORT,
         "apiserver_url": apiserver_url(addresses.apiserver_lb_ip),
         "apiserver_ips": [str(ip) for ip in addresses.apiserver_ips],
         "apiserver_sans": apiserver_ip_sans(addresses),
