@@ -7,17 +7,30 @@ Thin on purpose: validate the stack's config once, plan its addresses, build the
 import pulumi
 
 from modules.cluster import Cluster, ClusterArgs
+from superkube import vmsizes
 from superkube.ipam import plan_addresses
-from superkube.spec import CONFIG_KEYS, NAMESPACE, SpecError, from_config
+from superkube.spec import CONFIG_KEYS, KUBECONFIG_KEY, NAMESPACE, SpecError, from_config
 
 config = pulumi.Config(NAMESPACE)
 values = {key: config.get(key) for key in CONFIG_KEYS}
 try:
     spec = from_config({k: v for k, v in values.items() if v is not None})
     plan = plan_addresses(spec, pulumi.get_stack())
+    vmsizes.check(spec)
 except SpecError as error:
     raise pulumi.RunError(str(error)) from None
 
-cluster = Cluster(plan.cluster, ClusterArgs(spec=spec, plan=plan))
+# The in-cluster layer talks to the cluster as its admin: `superkube converge` writes the kubeconfig
+# (pki/admin.kubeconfig beside the inventory), then `pulumi config set --secret kubernetes:kubeconfig`.
+namespace, _, key = KUBECONFIG_KEY.partition(":")
+kubeconfig = pulumi.Config(namespace).get_secret(key)
+if spec.in_cluster_layer and kubeconfig is None:
+    raise pulumi.RunError(
+        f"{KUBECONFIG_KEY} is not set, and the in-cluster layer needs it: for a cluster's first "
+        f"pulumi up set superkube:in_cluster_layer false (pulumi config set superkube:in_cluster_layer false "
+        f"-s {pulumi.get_stack()}); after superkube converge run pulumi config set --secret "
+        f"{KUBECONFIG_KEY} -s {pulumi.get_stack()} < <inventory dir>/pki/admin.kubeconfig"
+    )
+cluster = Cluster(plan.cluster, ClusterArgs(spec=spec, plan=plan, kubeconfig=kubeconfig))
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

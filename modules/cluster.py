@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import pulumi
-from pulumi_azure_native import authorization, resources
+from pulumi_azure_native import authorization, managedidentity, resources
 
 from modules.common import child, require
 from modules.compute.node_pool import NodePool, NodePoolArgs
@@ -14,6 +15,7 @@ from modules.control_plane.etcd import EtcdCluster, EtcdClusterArgs
 from modules.network.hub import Hub, HubArgs
 from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
+from modules.platform.layer import InClusterLayer, InClusterLayerArgs
 from superkube.ipam import AddressPlan
 from superkube.spec import ClusterSpec
 
@@ -24,11 +26,22 @@ class ClusterArgs:
     """The validated spec of this stack."""
     plan: AddressPlan
     """The address plan made from the spec (every subnet, scale set and static IP)."""
+    kubeconfig: pulumi.Input[str] | None = None
+    """Admin kubeconfig for the in-cluster layer (default: none; required when spec.in_cluster_layer)."""
 
     def __post_init__(self) -> None:
         require(
             len(self.plan.apiserver_ips) == self.spec.apiserver_count, "plan", "was made from another spec"
         )
+        require(
+            self.kubeconfig is not None or not self.spec.in_cluster_layer,
+            "kubeconfig",
+            "the in-cluster layer needs the cluster's admin kubeconfig",
+        )
+
+
+VIRTUAL_MACHINE_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
+"""Azure's built-in role that may resize scale sets (and nothing outside VMs)."""
 
 
 def standard_tags(spec: ClusterSpec, cluster: str) -> dict[str, str]:
@@ -145,6 +158,29 @@ class Cluster(pulumi.ComponentResource):
             )
             for role, ips in (("main", plan.etcd_main_ips), ("events", plan.etcd_events_ips))
         }
+        # The autoscaler resizes scale sets as this identity, which the cpu pools (where it runs) carry.
+        self.autoscaler_identity = managedidentity.UserAssignedIdentity(
+            f"{name}-autoscaler-identity",
+            resource_name_=f"id-{cluster}-autoscaler",
+            resource_group_name=self.group.name,
+            location=location,
+            tags=tags,
+            opts=child(self),
+        )
+        self.autoscaler_role = authorization.RoleAssignment(
+            f"{name}-autoscaler-role",
+            role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler")),
+            principal_id=self.autoscaler_identity.principal_id,
+            principal_type="ServicePrincipal",
+            role_definition_id=subscription_id.apply(
+                lambda sub: (
+                    f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/"
+                    + VIRTUAL_MACHINE_CONTRIBUTOR
+                )
+            ),
+            scope=self.group.id,
+            opts=child(self),
+        )
         self.pools = [
             NodePool(
                 f"{name}-pool-{pool.name}",
@@ -159,6 +195,7 @@ class Cluster(pulumi.ComponentResource):
                     kubernetes_version=spec.kubernetes_version,
                     join_jitter_seconds=spec.autoscaler_join_jitter_seconds,
                     autoscaler=spec.autoscaler_enabled,
+                    identity_id=self.autoscaler_identity.id if pool.role == "cpu" else None,
                     tags=tags,
                     **login,
                 ),
@@ -166,6 +203,20 @@ class Cluster(pulumi.ComponentResource):
             )
             for pool in spec.node_pools
         ]
+        self.in_cluster = None
+        if spec.in_cluster_layer and args.kubeconfig is not None:
+            self.in_cluster = InClusterLayer(
+                f"{name}-in-cluster",
+                InClusterLayerArgs(
+                    spec=spec,
+                    cluster=cluster,
+                    kubeconfig=args.kubeconfig,
+                    subscription_id=subscription_id,
+                    resource_group_name=self.group.name,
+                    identity_client_id=self.autoscaler_identity.client_id,
+                ),
+                opts=child(self, depends_on=[self.autoscaler_role]),
+            )
         self.outputs = {
             "apiserver_endpoint": self.apiservers.endpoint,
             "etcd_servers": ",".join(self.etcd["main"].client_urls),

@@ -10,11 +10,12 @@ from pulumi_azure_native import compute
 
 from modules.common import child, image_reference, linux_ssh_only, require, tagged
 from superkube import cloudinit
+from superkube.autoscaling import NODE_TEMPLATE as AUTOSCALER_TAG
+from superkube.autoscaling import discovery_tags
 from superkube.ipam import ScaleSetPlan
 from superkube.spec import NodePool as PoolSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
-AUTOSCALER_TAG = "k8s.io_cluster-autoscaler_node-template"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,9 @@ class NodePoolArgs:
     """Random delay window before a new node's kubelet registers (default: 300)."""
     autoscaler: bool = True
     """Tag the scale sets for cluster-autoscaler discovery (default: on)."""
+    identity_id: pulumi.Input[str] | None = None
+    """Resource ID of a user-assigned identity the nodes carry (default: none; the cpu pools carry
+    the autoscaler's, so the autoscaler running there may resize scale sets)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every scale set (default: none)."""
 
@@ -67,8 +71,7 @@ def autoscaler_tags(
 ) -> dict[str, str]:
     """Discovery, bounds and the node template cluster-autoscaler needs to scale a set from zero."""
     tags = {
-        "cluster-autoscaler-enabled": "true",
-        "cluster-autoscaler-name": cluster,
+        **discovery_tags(cluster),
         "min": str(plan.min_nodes),
         "max": str(plan.capacity),
     }
@@ -175,6 +178,11 @@ class NodePool(pulumi.ComponentResource):
                             ]
                         },
                     },
+                    identity=(
+                        {"type": "UserAssigned", "user_assigned_identities": [args.identity_id]}
+                        if args.identity_id is not None
+                        else None
+                    ),
                     tags=tags,
                     opts=child(self, ignore_changes=["sku.capacity"]),
                 )

@@ -7,9 +7,11 @@ type or form); an empty list means every flag exists in that version and has a v
 
 from __future__ import annotations
 
+import base64
 import difflib
 import ipaddress
 import re
+from pathlib import Path
 from typing import Any
 
 DURATION = re.compile(r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$")
@@ -54,11 +56,20 @@ def kubeconfig(
     key: str | None = None,
     token: str | None = None,
     cluster: str = "superkube",
+    embed: bool = False,
 ) -> dict[str, Any]:
-    """A kubeconfig (v1) for one user of one cluster: a client certificate, or a bearer token."""
+    """A kubeconfig (v1) for one user of one cluster: a client certificate, or a bearer token.
+
+    With `embed`, the CA, certificate and key are read now (on the controller) and carried inline
+    as *-data fields, so the kubeconfig works anywhere, e.g. as a Pulumi secret.
+    """
     credentials: dict[str, str] = {}
     if cert and key:
-        credentials = {"client-certificate": cert, "client-key": key}
+        credentials = (
+            {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+            if embed
+            else {"client-certificate": cert, "client-key": key}
+        )
     if token:
         credentials["token"] = token
     if not credentials:
@@ -66,12 +77,23 @@ def kubeconfig(
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority": ca_file}}],
+        "clusters": [
+            {
+                "name": cluster,
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca_file)}
+                if embed
+                else {"server": server, "certificate-authority": ca_file},
+            }
+        ],
         "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": f"{user}@{cluster}", "context": {"cluster": cluster, "user": user}}],
         "current-context": f"{user}@{cluster}",
         "preferences": {},
     }
+
+
+def _b64(path: str) -> str:
+    return base64.b64encode(Path(path).read_bytes()).decode()
 
 
 def nth_host(cidr: str, n: int) -> str:

@@ -27,6 +27,7 @@ TAGLESS_TYPES = frozenset(
         "azure-native:network:Subnet",
         "azure-native:network:VirtualNetworkPeering",
         "azure-native:network:Route",
+        "azure-native:authorization:RoleAssignment",
     }
 )
 

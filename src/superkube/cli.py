@@ -79,6 +79,20 @@ def _check_writable(path: Path | None, option: str) -> None:
         fail(f"{option} {path}: directory is not writable; choose another path")
 
 
+def _planned(stack: str, project: Path | None) -> Any:
+    """Plan a stack under the mock engine with a spinner; a bad stack or program is one line and exit."""
+    from superkube import plan as planning
+
+    try:
+        root = _project(project)
+        with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):
+            return planning.run(root, stack)
+    except SpecError as exc:
+        fail(str(exc))
+    except planning.PlanError as exc:
+        fail(str(exc), code=1)
+
+
 @app.command()
 def plan(
     stack: StackOpt = "dev",
@@ -94,20 +108,12 @@ def plan(
     project: ProjectOpt = None,
 ) -> None:
     """Run the Pulumi program offline under the mock engine and show what it would create."""
-    from superkube import plan as planning
 
     _check_writable(out_file, "--out")
     _check_writable(diagram_file, "--diagram")
     if diagram_file is not None and diagram_file.suffix.lower() != ".svg":
         fail(f"--diagram {diagram_file}: the diagram is SVG; name the file *.svg")
-    try:
-        root = _project(project)
-        with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):
-            result = planning.run(root, stack)
-    except SpecError as exc:
-        fail(str(exc))
-    except planning.PlanError as exc:
-        fail(str(exc), code=1)
+    result = _planned(stack, project)
     document = result.to_dict()
     if out_file is not None:
         _write_atomically(out_file, json.dumps(document, indent=2) + "\n")
@@ -344,6 +350,53 @@ def _print_report(report: Any) -> None:
     for v in report.violations:
         out.print(f"[bold]{v.rule}[/] {v.resource}: {v.message}\n  fix: {v.remediation}", highlight=False)
     out.print(checks.summary(report), highlight=False)
+
+
+@app.command()
+def render(
+    stack: StackOpt = "dev",
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Write one YAML file per component into this directory (made if missing)."
+        ),
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """Write the in-cluster layer's Kubernetes objects as YAML, each checked against its official schema."""
+    from superkube import render as rendering
+
+    if out_dir is not None:
+        if out_dir.exists() and not out_dir.is_dir():
+            fail(f"--out {out_dir}: is a file; give a directory")
+        if not out_dir.resolve().parent.is_dir():
+            fail(f"--out {out_dir}: {out_dir.resolve().parent} does not exist; create it first")
+    result = _planned(stack, project)
+    by_component = rendering.objects(result)
+    if not by_component:
+        fail(
+            f"stack {result.stack} has no in-cluster layer (superkube:in_cluster_layer is false); "
+            f"set it true to render",
+            code=1,
+        )
+    version = result.spec.kubernetes_version
+    found = rendering.problems(result, version)
+    if found:
+        for problem in found:
+            err.print(f"[bold red]invalid:[/] {problem}", markup=True, highlight=False)
+        fail(f"{len(found)} invalid object(s) against Kubernetes {version}; nothing written", code=1)
+    total = sum(len(objs) for objs in by_component.values())
+    if out_dir is None:
+        for component, objs in by_component.items():
+            sys.stdout.write(f"# component: {component}\n---\n" + rendering.to_yaml(objs))
+        return
+    out_dir.mkdir(exist_ok=True)
+    for component, objs in by_component.items():
+        _write_atomically(out_dir / f"{component}.yaml", rendering.to_yaml(objs))
+    out.print(
+        f"{total} objects in {len(by_component)} files under {out_dir}, "
+        f"valid against Kubernetes {version} (strict)"
+    )
 
 
 @app.command("policy-config")

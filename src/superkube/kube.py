@@ -83,3 +83,26 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             for p in spec.node_pools
         },
     }
+
+
+# API Priority and Fairness: the nominalConcurrencyShares of the priority levels every API server
+# creates itself (k8s.io/apiserver's flowcontrol bootstrap: the mandatory catch-all and the suggested
+# levels). A level of ours gets shares / (sum of all shares) of the server's concurrency limit,
+# which is --max-requests-inflight plus --max-mutating-requests-inflight.
+APF_BUILTIN_SHARES = {
+    "catch-all": 5,
+    "system": 30,
+    "node-high": 40,
+    "leader-election": 10,
+    "workload-high": 40,
+    "workload-low": 100,
+    "global-default": 20,
+}
+APF_NODE_HIGH_PRECEDENCE = 400
+"""matchingPrecedence of the built-in `system-node-high` FlowSchema (node status and leases)."""
+
+
+def apf_seats(shares: int, total_concurrency: int) -> int:
+    """Concurrency seats a priority level with `shares` gets on one API server (rounded up, as upstream)."""
+    total_shares = shares + sum(APF_BUILTIN_SHARES.values())
+    return -(-total_concurrency * shares // total_shares)

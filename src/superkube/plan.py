@@ -14,6 +14,7 @@ import json
 import runpy
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,9 @@ from pulumi.runtime import settings
 from pulumi.runtime import stack as pulumi_stack
 from pulumi.runtime.sync_await import _sync_await
 
+from superkube import vmsizes
 from superkube.ipam import AddressPlan, plan_addresses
-from superkube.spec import NAMESPACE, ClusterSpec, SpecError, from_config
+from superkube.spec import KUBECONFIG_KEY, NAMESPACE, ClusterSpec, SpecError, from_config
 
 PROJECT = "superkube"
 MOCK_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
@@ -67,11 +69,19 @@ _ARM: dict[str, tuple[str, str]] = {
         "Microsoft.Network/loadBalancers/{loadBalancerName}",
     ),
     "azure-native:compute:VirtualMachine": ("vmName", "Microsoft.Compute/virtualMachines/{vmName}"),
+    "azure-native:managedidentity:UserAssignedIdentity": (
+        "resourceName",
+        "Microsoft.ManagedIdentity/userAssignedIdentities/{resourceName}",
+    ),
     "azure-native:compute:VirtualMachineScaleSet": (
         "vmScaleSetName",
         "Microsoft.Compute/virtualMachineScaleSets/{vmScaleSetName}",
     ),
 }
+
+
+PLAN_KUBECONFIG = "plan: no cluster is contacted"
+"""Stands in for the admin kubeconfig secret, so the plan shows the in-cluster layer it would deploy."""
 
 
 class PlanError(Exception):
@@ -253,6 +263,8 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
                 )
             if want == "array" and not isinstance(value, list):
                 raise SpecError(full, f"must be a list, got {value!r}", f'write {short}: ["1", "2", "3"]')
+        if full == KUBECONFIG_KEY:
+            continue  # a secret the plan never reads: the mock engine talks to no cluster
         if isinstance(value, dict) and "secure" in value:
             raise SpecError(
                 full,
@@ -277,6 +289,7 @@ def load(project: Path, stack: str) -> tuple[dict[str, str], ClusterSpec, Addres
     """Read and validate a stack; raises SpecError (one line) before anything runs or is written."""
     config = read_stack_config(project, stack)
     spec, addresses = spec_from_config(config, stack_name(stack))
+    vmsizes.check(spec)
     return config, spec, addresses
 
 
@@ -302,7 +315,19 @@ class _Mocks(pulumi.runtime.Mocks):
             except KeyError:
                 tail = f"{args.typ}/{azure_name}"
             rid = f"/subscriptions/{MOCK_SUBSCRIPTION}/resourceGroups/{rg}/providers/{tail}"
-        return rid, {**args.inputs, "name": azure_name}
+        outputs = {**args.inputs, "name": azure_name}
+        identity = outputs.get("identity")
+        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
+            # an input list of identity IDs comes back from Azure as a map keyed by ID
+            outputs["identity"] = {
+                **identity,
+                "userAssignedIdentities": {i: {} for i in identity["userAssignedIdentities"]},
+            }
+        if args.typ == "azure-native:managedidentity:UserAssignedIdentity":
+            # Azure assigns these; the plan's stand-ins are stable per identity so saved plans diff cleanly
+            outputs["clientId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{rid}#client"))
+            outputs["principalId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{rid}#principal"))
+        return rid, outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:  # type: ignore[override]
         if args.token == "azure-native:authorization:getClientConfig":
@@ -369,10 +394,21 @@ def _close_thread_loop() -> None:
     asyncio.set_event_loop(None)
 
 
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a serialized secret value
+
+
 def _plain(value: Any) -> Any:
-    """Inputs as JSON-ready data (the mock engine may hand back tuples and unknowns)."""
+    """Inputs as JSON-ready data (the mock engine may hand back tuples and unknowns).
+
+    Secrets are masked, and whole numbers are ints again (the engine's wire format carries every
+    number as a float; Kubernetes schemas want integers where the program wrote integers).
+    """
     if isinstance(value, dict):
+        if value.get(_SECRET_SIG) is not None:
+            return "[secret]"
         return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if value is None or isinstance(value, str | int | float | bool):
@@ -397,7 +433,7 @@ def run(project: Path, stack: str) -> Plan:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superkube-plan")
         loop.set_default_executor(executor)
         try:
-            pulumi.runtime.set_all_config(config)
+            pulumi.runtime.set_all_config({**config, KUBECONFIG_KEY: PLAN_KUBECONFIG})
             mocks = _Mocks()
             monitor = _RecordingMonitor(mocks)
             pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=name, preview=False, monitor=monitor)

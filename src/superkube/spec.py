@@ -20,6 +20,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 NAMESPACE = "superkube"
+KUBECONFIG_KEY = "kubernetes:kubeconfig"
+"""The secret config key holding the cluster's admin kubeconfig for the in-cluster layer: the Kubernetes
+provider's own key, so it is never a `superkube:` declaration (Pulumi.yaml would make it required)."""
 
 # Azure names built from these must stay within Azure's 64-80 character limits and be valid
 # hostname prefixes, so cluster and pool names are short DNS labels.
@@ -310,6 +313,64 @@ class ClusterSpec(_Model):
         ge=0,
         le=3600,
         description="Each new node waits a random 0..N seconds before its kubelet registers, smoothing join bursts.",
+    )
+    autoscaler_max_nodes_per_scaleup: int = Field(
+        default=50,
+        ge=1,
+        le=1000,
+        description="Most nodes cluster-autoscaler adds in one scan; with the scan interval it bounds the join rate (upstream default 1000).",
+    )
+    autoscaler_scan_interval_seconds: int = Field(
+        default=10,
+        ge=1,
+        le=600,
+        description="How often cluster-autoscaler re-evaluates the cluster (upstream default 10).",
+    )
+    autoscaler_max_total_unready_percentage: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description="cluster-autoscaler halts once more than this share of nodes is unready (upstream default 45).",
+    )
+    autoscaler_ok_total_unready_count: int = Field(
+        default=50,
+        ge=0,
+        le=10_000,
+        description="Unready nodes always tolerated before the percentage applies: room for a batch in flight (upstream default 3).",
+    )
+    autoscaler_new_pod_scale_up_delay_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="Pods younger than this do not trigger scale-up, so a gang's pods arrive before nodes are asked for (upstream default 0).",
+    )
+    autoscaler_max_node_provision_minutes: int = Field(
+        default=30,
+        ge=5,
+        le=240,
+        description="How long a new node may take to become ready, boot and join jitter included (upstream default 15).",
+    )
+    autoscaler_max_nodes_total: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Ceiling on the cluster's node count; 0 means the sum of the pools' nodes.",
+    )
+    safe_join_rate_per_minute: int = Field(
+        default=300,
+        ge=1,
+        le=60_000,
+        description="Most nodes per minute a full-pool scale-up may send to the API servers' join path (checked by policy).",
+    )
+    apf_node_join_shares: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="nominalConcurrencyShares of the priority level that node bootstrap and registration requests queue in.",
+    )
+    in_cluster_layer: bool = Field(
+        default=True,
+        description="Deploy the in-cluster layer with this pulumi up; set false for a cluster's first pulumi up, before superkube converge has made its control plane.",
     )
     limit_overrides: dict[LimitName, LimitOverride] = Field(
         default_factory=dict,

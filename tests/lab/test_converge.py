@@ -152,7 +152,9 @@ def test_hub_reaches_a_service_address_through_the_nat_host(fleet: lab.Lab) -> N
     while time.monotonic() < deadline and '"GET / ' not in log:
         log = sh(fleet, backend.name, f"journalctl -u {unit} -o cat --no-pager || true")
     clients = {line.split(" ", 1)[0] for line in log.splitlines() if '"GET / ' in line}
-    assert clients == {nat_ip}, f"backend saw clients {clients}, expected only the NAT host {nat_ip} (hub-client is {hub_ip})"
+    assert clients == {nat_ip}, (
+        f"backend saw clients {clients}, expected only the NAT host {nat_ip} (hub-client is {hub_ip})"
+    )
     # without the NAT host's rules the service address is unreachable
     sh(fleet, "nat", "iptables -t nat -D PREROUTING -j SUPERKUBE-NAT-PRE")
     try:

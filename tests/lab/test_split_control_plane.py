@@ -6,6 +6,7 @@ Runs in file order on a lab of its own shape; the disruptive tests come last.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import json
@@ -363,6 +364,17 @@ def test_kubernetes_certificates_verify_and_carry_the_plans_names(
     )
 
 
+def kubectl_view(path: Path) -> dict[str, Any]:
+    """The kubeconfig as kubectl itself reads it (fails the test if kubectl cannot)."""
+    view = subprocess.run(
+        ["kubectl", "config", "view", "--raw", "-o", "json", "--kubeconfig", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(view.stdout))
+
+
 KUBECONFIGS = (
     ("apiservers-1", "/etc/kubernetes/admin.conf"),
     ("apiservers-1", "/etc/kubernetes/controller-manager.conf"),
@@ -380,13 +392,7 @@ def test_every_kubeconfig_parses_and_points_at_the_plans_load_balancer(
 ) -> None:
     local = tmp_path / "kubeconfig"
     local.write_text(sh(control_plane, host, f"cat {path}"))
-    view = subprocess.run(
-        ["kubectl", "config", "view", "--raw", "-o", "json", "--kubeconfig", str(local)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    config = json.loads(view.stdout)
+    config = kubectl_view(local)
     ((cluster,),) = [[c["cluster"] for c in config["clusters"]]]
     assert cluster["server"] == kube.apiserver_url(flagship.addresses.apiserver_lb_ip)
     sh(control_plane, host, f"openssl x509 -in {cluster['certificate-authority']} -noout")
@@ -399,6 +405,35 @@ def test_every_kubeconfig_parses_and_points_at_the_plans_load_balancer(
             sh(control_plane, host, f"test -s {user[key]}")
         verify = f"openssl verify -CAfile {cluster['certificate-authority']} {user['client-certificate']}"
         assert sh(control_plane, host, verify).strip().endswith(": OK")
+
+
+def test_the_controllers_admin_kubeconfig_carries_its_credentials_inline(
+    control_plane: lab.Lab, converged: dict[str, Any], flagship: Any, tmp_path: Path
+) -> None:
+    """The kubeconfig the in-cluster layer's `pulumi up` uses: self-contained, private, verifiable."""
+    path = Path(control_plane.state_dir) / "pki/admin.kubeconfig"
+    assert path.stat().st_mode & 0o777 == 0o600
+    config = kubectl_view(path)
+    ((cluster,),) = [[c["cluster"] for c in config["clusters"]]]
+    ((user,),) = [[u["user"] for u in config["users"]]]
+    assert cluster["server"] == kube.apiserver_url(flagship.addresses.apiserver_lb_ip)
+    assert set(user) == {"client-certificate-data", "client-key-data"}, (
+        "no file paths: it travels as a secret"
+    )
+    ca, cert = tmp_path / "ca.crt", tmp_path / "admin.crt"
+    ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(ca), str(cert)], capture_output=True, text=True
+    )
+    assert verify.stdout.strip().endswith(": OK"), verify.stderr
+    subject = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-subject"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "system:masters" in subject
 
 
 UNITS = (

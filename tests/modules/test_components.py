@@ -7,6 +7,7 @@ import ipaddress
 import pytest
 
 from superkube import cloudinit
+from superkube.checks import TAGLESS_TYPES
 from superkube.plan import Plan, Resource
 
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -69,7 +70,7 @@ def test_every_taggable_resource_has_the_required_tags(any_plan: Plan) -> None:
     taggable = [
         r
         for r in any_plan.resources
-        if r.custom and r.type not in (SUBNET, PEERING, "azure-native:network:Route")
+        if r.custom and r.type.startswith("azure-native:") and r.type not in TAGLESS_TYPES
     ]
     assert len(taggable) > 20
     for r in taggable:

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from superkube import plan as planning
+from superkube import vmsizes
 from superkube.ipam import AddressPlan, plan_addresses
 from superkube.spec import CONFIG_KEYS, SpecError, from_config
 from tests.conftest import EXAMPLE_KEY, ROOT
@@ -97,7 +98,9 @@ def check_plan(a: AddressPlan) -> None:
 
 def plan_or_error(cfg: dict[str, Any]) -> AddressPlan | SpecError:
     try:
-        return plan_addresses(from_config(cfg), "prop")
+        spec = from_config(cfg)
+        vmsizes.check(spec)  # as planning.load does: VM-size facts for the in-cluster layer
+        return plan_addresses(spec, "prop")
     except SpecError as exc:
         return exc
 

@@ -1,0 +1,130 @@
+"""API Priority and Fairness for joining nodes: their bootstrap and registration queue on their own level.
+
+A burst of new kubelets first talks to the API servers as a bootstrap token (group
+system:bootstrappers: create and watch a CertificateSigningRequest), then as the node (group
+system:nodes: create its Node object). Without these objects, bootstrap requests land in the
+built-in `global-default` level beside every user's requests, and the burst competes with them.
+With them, joins get a fixed share of each API server's concurrency and wait in fair queues (one
+flow per node) when more arrive than that share serves; nobody else's requests wait behind them.
+
+Only joining traffic is matched. A joined node's status updates and lease renewals stay in the
+built-in `system-node-high` level (precedence 400): throttling those would mark healthy nodes
+NotReady. Our schemas match at a lower precedence number (350) and only on the join's own verbs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from modules.common import require
+from modules.platform import objects
+from modules.platform.objects import Manifest
+from superkube.kube import APF_NODE_HIGH_PRECEDENCE
+
+LEVEL = "superkube-node-join"
+COMPONENT = "flowcontrol"
+API = "flowcontrol.apiserver.k8s.io/v1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeJoinFlowArgs:
+    shares: int = 10
+    """nominalConcurrencyShares of the join level (default: 10, a quarter of node-high's 40)."""
+    queues: int = 64
+    """Fair queues of the level (default: 64; each joining node is one flow)."""
+    hand_size: int = 6
+    """Queues each flow is shuffle-sharded over (default: 6)."""
+    queue_length_limit: int = 100
+    """Requests one queue holds before the API server answers 429 (default: 100)."""
+    matching_precedence: int = 350
+    """Below system-node-high's 400, so registration is matched before the built-in schema."""
+
+    def __post_init__(self) -> None:
+        require(self.shares >= 1, "shares", "must be at least 1")
+        require(1 <= self.hand_size <= self.queues, "hand_size", "must be between 1 and queues")
+        require(self.queue_length_limit >= 1, "queue_length_limit", "must be at least 1")
+        require(
+            1 < self.matching_precedence < APF_NODE_HIGH_PRECEDENCE,
+            "matching_precedence",
+            f"must be above 1 (exempt) and below {APF_NODE_HIGH_PRECEDENCE} (system-node-high), or "
+            "node registration is matched by the built-in schema first",
+        )
+
+
+def manifests(args: NodeJoinFlowArgs) -> list[Manifest]:
+    def schema(name: str, subject_group: str, rules: list[dict[str, object]]) -> Manifest:
+        return {
+            "apiVersion": API,
+            "kind": "FlowSchema",
+            "metadata": objects.meta(name, COMPONENT),
+            "spec": {
+                "priorityLevelConfiguration": {"name": LEVEL},
+                "matchingPrecedence": args.matching_precedence,
+                "distinguisherMethod": {"type": "ByUser"},
+                "rules": [
+                    {
+                        "subjects": [{"kind": "Group", "group": {"name": subject_group}}],
+                        "resourceRules": rules,
+                    }
+                ],
+            },
+        }
+
+    return [
+        {
+            "apiVersion": API,
+            "kind": "PriorityLevelConfiguration",
+            "metadata": objects.meta(LEVEL, COMPONENT),
+            "spec": {
+                "type": "Limited",
+                "limited": {
+                    "nominalConcurrencyShares": args.shares,
+                    "lendablePercent": 0,  # joins never borrow from or lend to other levels' seats
+                    "limitResponse": {
+                        "type": "Queue",
+                        "queuing": {
+                            "queues": args.queues,
+                            "handSize": args.hand_size,
+                            "queueLengthLimit": args.queue_length_limit,
+                        },
+                    },
+                },
+            },
+        },
+        schema(
+            "superkube-node-bootstrap",
+            "system:bootstrappers",
+            [
+                {
+                    "verbs": ["*"],
+                    "apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests"],
+                    "clusterScope": True,
+                }
+            ],
+        ),
+        schema(
+            "superkube-node-registration",
+            "system:nodes",
+            [
+                {"verbs": ["create"], "apiGroups": [""], "resources": ["nodes"], "clusterScope": True},
+                {
+                    "verbs": ["create"],
+                    "apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests"],
+                    "clusterScope": True,
+                },
+            ],
+        ),
+    ]
+
+
+class NodeJoinFlow(pulumi.ComponentResource):
+    """A priority level and two flow schemas that bound and queue joining nodes' requests."""
+
+    def __init__(self, name: str, args: NodeJoinFlowArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("superkube:platform:NodeJoinFlow", name, None, opts)
+        self.resources = objects.create(self, name, manifests(args))
+        self.register_outputs({"priority_level": LEVEL})

@@ -1,0 +1,87 @@
+"""The in-cluster layer: every Kubernetes object superkube puts into a cluster, through one provider.
+
+Deployed by the same `pulumi up` once the control plane answers: `pulumi up` (Azure) -> `superkube
+converge` (control plane; writes pki/admin.kubeconfig) -> `pulumi config set --secret
+kubernetes:kubeconfig` -> `pulumi up` again. Each part is one component; later parts (node agents,
+gang scheduling, team capacity, monitoring) are one more component each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from modules.platform.autoscaler import Autoscaler, AutoscalerArgs
+from modules.platform.balloons import Balloons, BalloonsArgs
+from modules.platform.flowcontrol import NodeJoinFlow, NodeJoinFlowArgs
+from modules.platform.foundation import Foundation, FoundationArgs
+from superkube import autoscaling, vmsizes
+from superkube.spec import ClusterSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class InClusterLayerArgs:
+    spec: ClusterSpec
+    """The validated spec of this stack."""
+    cluster: str
+    """Cluster name (the autoscaler's discovery tag value)."""
+    kubeconfig: pulumi.Input[str]
+    """Admin kubeconfig of the cluster (the secret `kubernetes:kubeconfig`)."""
+    subscription_id: pulumi.Input[str]
+    """Azure subscription of the node pools."""
+    resource_group_name: pulumi.Input[str]
+    """Resource group of the node pools' scale sets."""
+    identity_client_id: pulumi.Input[str]
+    """Client ID of the identity the autoscaler uses to resize scale sets."""
+
+
+class InClusterLayer(pulumi.ComponentResource):
+    """Provider, foundation (namespace, PriorityClasses), autoscaler, join flow control, balloons."""
+
+    def __init__(
+        self, name: str, args: InClusterLayerArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("superkube:platform:InClusterLayer", name, None, opts)
+        spec = args.spec
+        self.provider = k8s.Provider(
+            f"{name}-provider",
+            kubeconfig=pulumi.Output.secret(args.kubeconfig),
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        inherit = pulumi.ResourceOptions(parent=self, providers=[self.provider])
+        self.foundation = Foundation(f"{name}-foundation", FoundationArgs(), opts=inherit)
+        after = pulumi.ResourceOptions.merge(inherit, pulumi.ResourceOptions(depends_on=[self.foundation]))
+        self.join_flow = NodeJoinFlow(
+            f"{name}-flowcontrol", NodeJoinFlowArgs(shares=spec.apf_node_join_shares), opts=inherit
+        )
+        self.autoscaler = Autoscaler(
+            f"{name}-autoscaler",
+            AutoscalerArgs(
+                cluster=args.cluster,
+                subscription_id=args.subscription_id,
+                resource_group_name=args.resource_group_name,
+                identity_client_id=args.identity_client_id,
+                max_nodes_total=autoscaling.max_nodes_total(spec),
+                max_nodes_per_scaleup=spec.autoscaler_max_nodes_per_scaleup,
+                scan_interval_seconds=spec.autoscaler_scan_interval_seconds,
+                max_total_unready_percentage=spec.autoscaler_max_total_unready_percentage,
+                ok_total_unready_count=spec.autoscaler_ok_total_unready_count,
+                new_pod_scale_up_delay_seconds=spec.autoscaler_new_pod_scale_up_delay_seconds,
+                max_node_provision_minutes=spec.autoscaler_max_node_provision_minutes,
+            ),
+            opts=after,
+        )
+        self.balloons = Balloons(
+            f"{name}-balloons",
+            BalloonsArgs(
+                pools=[
+                    (pool, vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size"))
+                    for pool in spec.node_pools
+                ]
+            ),
+            opts=after,
+        )
+        self.register_outputs({"components": ["foundation", "flowcontrol", "autoscaler", "balloons"]})

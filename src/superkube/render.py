@@ -1,0 +1,196 @@
+"""The in-cluster layer's Kubernetes objects, taken from the plan and checked against official schemas.
+
+`superkube render` and `superkube check` both read the objects from the recorded plan, so what is
+written and validated is exactly what `pulumi up` would send. Built-in kinds are validated with the
+official OpenAPI schemas of the cluster's Kubernetes version (kubernetes-validate, strict: an unknown
+field fails); custom resources against their CRD's `openAPIV3Schema` kept under data/crds/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+from superkube.plan import Plan, Resource
+
+CRDS = Path(__file__).resolve().parents[2] / "data" / "crds"
+_KIND = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One invalid object: which, where in it, and why, as one line."""
+
+    component: str
+    obj: str
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.component}: {self.obj}: {self.field or '(object)'}: {self.reason}"
+
+
+def is_object(resource: Resource) -> bool:
+    return resource.custom and resource.type.startswith("kubernetes:")
+
+
+def manifest(resource: Resource) -> dict[str, Any]:
+    """The object as the API server would receive it: apiVersion and kind first."""
+    inputs = dict(resource.inputs)
+    head = {"apiVersion": inputs.pop("apiVersion"), "kind": inputs.pop("kind")}
+    return {**head, **inputs}
+
+
+def component_of(plan: Plan, resource: Resource) -> str:
+    """The component an object belongs to: its parent's type, e.g. superkube:platform:Autoscaler -> autoscaler."""
+    if resource.parent:
+        try:
+            parent = plan.by_urn(resource.parent)
+        except KeyError:
+            return "objects"
+        return _KIND.sub("-", parent.type.rsplit(":", 1)[-1]).lower()
+    return "objects"
+
+
+def objects(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """Every Kubernetes object of the plan, by component, in the program's order."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for resource in plan.resources:
+        if is_object(resource):
+            out[component_of(plan, resource)].append(manifest(resource))
+    return dict(out)
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    where = f"{meta.get('namespace')}/" if meta.get("namespace") else ""
+    return f"{obj.get('kind')}/{where}{meta.get('name')}"
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> openAPIV3Schema of every CRD kept under data/crds/."""
+    schemas: dict[tuple[str, str], dict[str, Any]] = {}
+    if not CRDS.is_dir():
+        return schemas
+    for path in sorted(CRDS.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            group, kind = doc["spec"]["group"], doc["spec"]["names"]["kind"]
+            for version in doc["spec"]["versions"]:
+                schemas[(f"{group}/{version['name']}", kind)] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD schema that rejects unknown fields, as the API server's pruning would silently drop them.
+
+    Wherever properties are listed and the schema does not keep unknown fields
+    (x-kubernetes-preserve-unknown-fields) or describe a map (additionalProperties), no other field
+    is allowed. `metadata` is left open: the API server owns its schema.
+    """
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+        out["properties"] = {
+            **out["properties"],
+            **({"metadata": {"type": "object"}} if "metadata" in schema["properties"] else {}),
+        }
+    return out
+
+
+def _path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out.lstrip(".")
+
+
+def _reason(error: Any) -> str:
+    if error.validator == "additionalProperties":
+        return f"unknown field: {error.message}"
+    return str(error.message).splitlines()[0]
+
+
+def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "objects") -> list[Problem]:
+    """Problems of one object (empty when valid)."""
+    label = name_of(obj)
+    try:
+        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
+    except kubernetes_validate.ValidationError as error:
+        return [Problem(component, label, _path(error.path), _reason(error))]
+    except kubernetes_validate.SchemaNotFoundError:
+        schema = crd_schemas().get((obj.get("apiVersion", ""), obj.get("kind", "")))
+        if schema is None:
+            return [
+                Problem(
+                    component,
+                    label,
+                    "apiVersion",
+                    f"no schema for {obj.get('apiVersion')} {obj.get('kind')}: not a Kubernetes "
+                    f"{kubernetes_version} kind, and no CRD for it under data/crds/",
+                )
+            ]
+        errors = sorted(
+            jsonschema.Draft7Validator(_strict(schema)).iter_errors(obj), key=lambda e: list(e.path)
+        )
+        return [Problem(component, label, _path(e.path), _reason(e)) for e in errors[:1]]
+    return []
+
+
+def problems(plan: Plan, kubernetes_version: str) -> list[Problem]:
+    found: list[Problem] = []
+    for component, objs in objects(plan).items():
+        for obj in objs:
+            found += validate(obj, kubernetes_version, component)
+    return found
+
+
+_HEAD = ("apiVersion", "kind", "metadata")
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
+
+
+def to_yaml(objs: list[dict[str, Any]]) -> str:
+    """Multi-document YAML in a stable order: apiVersion, kind, metadata, then every key sorted."""
+    docs = []
+    for obj in json.loads(json.dumps(objs)):  # plain dicts, lists and scalars only
+        body = _sorted(obj)
+        docs.append(
+            {**{k: body[k] for k in _HEAD if k in body}, **{k: v for k, v in body.items() if k not in _HEAD}}
+        )
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=120)
+
+
+def write(plan: Plan, out: Path) -> list[Path]:
+    """One multi-document YAML file per component under `out` (which must exist)."""
+    written = []
+    for component, objs in objects(plan).items():
+        path = out / f"{component}.yaml"
+        path.write_text(to_yaml(objs))
+        written.append(path)
+    return written
