@@ -17,6 +17,8 @@ CONFIG_SCHEMA = PolicyConfigSchema(
         "limits": {"type": "object"},
         "inventory": {"type": "object"},
         "group_vars": {"type": "object"},
+        "kubernetes_version": {"type": "string"},
+        "safe_join_rate_per_minute": {"type": "integer"},
     }
 )
 

@@ -57,23 +57,26 @@ class InClusterLayer(pulumi.ComponentResource):
         self.join_flow = NodeJoinFlow(
             f"{name}-flowcontrol", NodeJoinFlowArgs(shares=spec.apf_node_join_shares), opts=inherit
         )
-        self.autoscaler = Autoscaler(
-            f"{name}-autoscaler",
-            AutoscalerArgs(
-                cluster=args.cluster,
-                subscription_id=args.subscription_id,
-                resource_group_name=args.resource_group_name,
-                identity_client_id=args.identity_client_id,
-                max_nodes_total=autoscaling.max_nodes_total(spec),
-                max_nodes_per_scaleup=spec.autoscaler_max_nodes_per_scaleup,
-                scan_interval_seconds=spec.autoscaler_scan_interval_seconds,
-                max_total_unready_percentage=spec.autoscaler_max_total_unready_percentage,
-                ok_total_unready_count=spec.autoscaler_ok_total_unready_count,
-                new_pod_scale_up_delay_seconds=spec.autoscaler_new_pod_scale_up_delay_seconds,
-                max_node_provision_minutes=spec.autoscaler_max_node_provision_minutes,
-            ),
-            opts=after,
-        )
+        # with autoscaler_enabled false the scale sets carry no discovery tags: nothing to run
+        self.autoscaler = None
+        if spec.autoscaler_enabled:
+            self.autoscaler = Autoscaler(
+                f"{name}-autoscaler",
+                AutoscalerArgs(
+                    cluster=args.cluster,
+                    subscription_id=args.subscription_id,
+                    resource_group_name=args.resource_group_name,
+                    identity_client_id=args.identity_client_id,
+                    max_nodes_total=autoscaling.max_nodes_total(spec),
+                    max_nodes_per_scaleup=spec.autoscaler_max_nodes_per_scaleup,
+                    scan_interval_seconds=spec.autoscaler_scan_interval_seconds,
+                    max_total_unready_percentage=spec.autoscaler_max_total_unready_percentage,
+                    ok_total_unready_count=spec.autoscaler_ok_total_unready_count,
+                    new_pod_scale_up_delay_seconds=spec.autoscaler_new_pod_scale_up_delay_seconds,
+                    max_node_provision_minutes=spec.autoscaler_max_node_provision_minutes,
+                ),
+                opts=after,
+            )
         self.balloons = Balloons(
             f"{name}-balloons",
             BalloonsArgs(
@@ -84,4 +87,5 @@ class InClusterLayer(pulumi.ComponentResource):
             ),
             opts=after,
         )
-        self.register_outputs({"components": ["foundation", "flowcontrol", "autoscaler", "balloons"]})
+        components = ["foundation", "flowcontrol", "balloons"] + (["autoscaler"] if self.autoscaler else [])
+        self.register_outputs({"components": components})

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import yaml
 
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
-from superkube.cloudinit import JOIN_SCRIPT, REGISTRATION_FILE
+from superkube.cloudinit import JOIN_SCRIPT, REGISTRATION_FILE, join_jitter_seconds
 from superkube.spec import PREFLIGHT_TAINT_KEY
 
 VM = "azure-native:compute:VirtualMachine"
@@ -118,11 +118,7 @@ def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]
 def _join_jitter(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for s in view.of_type(VMSS):
         join = (_cloud_init_files(s) or {}).get(JOIN_SCRIPT, "")
-        if (
-            "shuf -i 0-" not in join
-            or "shuf -i 0-0 " in join
-            or join.find("sleep") > join.find("systemctl enable --now kubelet")
-        ):
+        if not join_jitter_seconds(join):
             yield Finding("new nodes start their kubelet without a random join delay", s.urn)
 
 

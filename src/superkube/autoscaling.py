@@ -3,17 +3,16 @@
 The scale sets' tags (modules/compute/node_pool.py) and the autoscaler's `--node-group-auto-discovery`
 flag (modules/platform/autoscaler.py) are both made from `discovery_tags`, so they cannot drift.
 
-The join-rate model: cluster-autoscaler adds at most `max_nodes_per_scaleup` nodes per scan (its
-FAQ: not meant as a rate limit, but while pods stay pending every scan adds another batch), so a
-full-pool scale-up asks Azure for nodes at r = max_nodes_per_scaleup / scan_interval per second for
-N / r seconds. Each new node then waits a uniform random 0..W seconds (the join jitter) before its
-kubelet bootstraps. The arrival rate at the API servers is that rectangle smoothed by a uniform
-window of width W, whose peak is r * min(N / r, W) / W = min(r, N / W). `bench/join_storm.py`
-simulates the same thing with the API Priority and Fairness queue and prints both.
+The join-rate model (`peak_join_rate_per_second`): cluster-autoscaler adds at most
+`max_nodes_per_scaleup` nodes per scan (its FAQ: not meant as a rate limit, but while pods stay
+pending every scan adds another batch), and each new node waits a uniform random 0..jitter seconds
+before its kubelet bootstraps. `bench/join_storm.py` simulates the same burst, with the API Priority
+and Fairness queue it meets, and prints the simulated peak beside this formula's.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -72,17 +71,32 @@ def unknown_flags(args: list[str]) -> list[str]:
     return bad
 
 
-def issue_rate_per_second(spec: ClusterSpec) -> float:
-    """Nodes per second the autoscaler asks Azure for while pods stay pending."""
-    return spec.autoscaler_max_nodes_per_scaleup / spec.autoscaler_scan_interval_seconds
+def peak_join_rate_per_second(nodes: int, per_scaleup: int, scan_interval: float, jitter: float) -> float:
+    """Peak rate (nodes/second) at which a scale-up of `nodes` reaches the API servers' join path.
+
+    Batches of b = min(per_scaleup, nodes) start every `scan_interval` seconds, ceil(nodes / b) of
+    them; each spreads its nodes evenly over the `jitter` window that follows. At any moment at most
+    ceil(jitter / scan_interval) windows overlap, each adding b / jitter nodes per second. Without a
+    jitter window a whole batch arrives within one second.
+    """
+    if nodes <= 0:
+        return 0.0
+    batch = min(per_scaleup, nodes)
+    if jitter < 1:
+        return float(batch)
+    batches = -(-nodes // batch)
+    overlapping = min(batches, math.ceil(jitter / scan_interval))
+    return overlapping * batch / jitter
 
 
 def peak_join_rate_per_minute(nodes: int, spec: ClusterSpec) -> float:
-    """Peak rate (nodes/minute) at which a scale-up of `nodes` reaches the API servers' join path."""
-    rate = issue_rate_per_second(spec)
-    jitter = spec.autoscaler_join_jitter_seconds
-    peak = rate if jitter == 0 else min(rate, nodes / jitter)
-    return 60 * peak
+    """The spec's peak join rate for a scale-up of `nodes`, in nodes per minute."""
+    return 60 * peak_join_rate_per_second(
+        nodes,
+        spec.autoscaler_max_nodes_per_scaleup,
+        spec.autoscaler_scan_interval_seconds,
+        spec.autoscaler_join_jitter_seconds,
+    )
 
 
 def max_nodes_total(spec: ClusterSpec) -> int:

@@ -65,6 +65,10 @@ class RuleConfig:
     # variables a team adds over the roles' defaults
     inventory: Mapping[str, Any] = field(default_factory=dict)
     group_vars: Mapping[str, Any] = field(default_factory=dict)
+    # the in-cluster layer: the schemas its objects are checked against, and the join rate the API
+    # servers are trusted with
+    kubernetes_version: str = "1.35.0"
+    safe_join_rate_per_minute: int = 300
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "limits": dict(self.limits)}
@@ -80,6 +84,8 @@ class RuleConfig:
                 "other_spokes_ips",
                 "inventory",
                 "group_vars",
+                "kubernetes_version",
+                "safe_join_rate_per_minute",
             )
             if k in data
         }
@@ -230,6 +236,8 @@ def rule_config(
         group_vars=dict(group_vars or {}),
         cluster=addresses.cluster,
         apiserver_count=spec.apiserver_count,
+        kubernetes_version=spec.kubernetes_version,
+        safe_join_rate_per_minute=spec.safe_join_rate_per_minute,
         service_cidr=spec.service_cidr,
         other_spokes_ips=sum(p.ips for p in spec.peered_spokes.values()),
         limits={name: limit.value for name, limit in addresses.limits.items()},

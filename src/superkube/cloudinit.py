@@ -15,6 +15,7 @@ joins).
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -29,6 +30,18 @@ JOIN_SCRIPT = "/usr/local/sbin/superkube-join"
 JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
 # written by the node_software role; its arrival starts the join
 BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
+
+
+JITTER_COMMAND = "shuf -i 0-{seconds} -n 1"
+_JITTER = re.compile(r"shuf -i 0-(\d+) -n 1")
+
+
+def join_jitter_seconds(join_script: str) -> int | None:
+    """The jitter window a join script sleeps within, read back from the script (None if it does not)."""
+    m = _JITTER.search(join_script)
+    if not m or join_script.find("sleep") > join_script.find("systemctl enable --now kubelet"):
+        return None
+    return int(m.group(1))
 
 
 def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -69,7 +82,7 @@ def render(
             "#!/bin/sh",
             "# Spread kubelet registration of nodes that start together over the jitter window.",
             "set -eu",
-            f'sleep "$(shuf -i 0-{join_jitter_seconds} -n 1)"',
+            f'sleep "$({JITTER_COMMAND.format(seconds=join_jitter_seconds)})"',
             "systemctl enable --now kubelet",
             "",
         ]

@@ -34,7 +34,9 @@ def test_rules_are_named_area_resource_rule_and_documented() -> None:
     assert len(ALL_RULES) >= 20 and len(RULES) == len(ALL_RULES)
     for r in ALL_RULES:
         area, resource, rest = r.name.split("-", 2)
-        assert area in {"topology", "network", "compute", "hygiene", "wiring"} and resource and rest
+        assert (
+            area in {"topology", "network", "compute", "hygiene", "wiring", "platform"} and resource and rest
+        )
         assert r.severity in {"critical", "high", "medium", "low"}
         assert r.description.endswith(".") and r.remediation.endswith(".")
 
@@ -58,7 +60,9 @@ def test_rule_fires_when_one_field_changes(
 
 
 def test_every_rule_has_a_one_field_change() -> None:
-    assert set(BY_RULE) | {
+    from tests.policies.test_platform import CASES as PLATFORM_CASES  # the in-cluster layer's own cases
+
+    assert set(BY_RULE) | {c[2] for c in PLATFORM_CASES} | {
         "network-peering-group-ip-limit",
         "wiring-etcd-urls",
         "wiring-component-config",

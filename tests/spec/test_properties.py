@@ -36,6 +36,7 @@ def pool(draw: st.DrawFn, index: int) -> dict[str, Any]:
         "vm_size": "Standard_ND96isr_H100_v5" if role == "gpu" else "Standard_D16s_v5",
         "nodes": draw(node_counts),
         "gpus_per_node": gpus,
+        "min_nodes": draw(st.sampled_from([0, 1, 1])) if role == "cpu" else 0,
         "pod_ips_per_node": draw(pod_ips),
         "zones": draw(st.lists(st.sampled_from(["1", "2", "3"]), min_size=1, max_size=3, unique=True)),
     }
@@ -49,6 +50,7 @@ def config(draw: st.DrawFn) -> dict[str, Any]:
     spoke_base = draw(st.sampled_from(["10.64.0.0", "10.96.0.0", "10.0.0.0"]))
     cfg: dict[str, Any] = {
         "ssh_public_key": EXAMPLE_KEY,
+        "in_cluster_layer": draw(st.booleans()),
         "hub_address_space": f"10.{draw(st.sampled_from([0, 1, 200]))}.0.0/{draw(st.integers(22, 26))}",
         "hub_shared_subnet_prefix": str(draw(st.integers(24, 28))),
         "spoke_address_space": str(ipaddress.IPv4Network(f"{spoke_base}/{spoke_prefix}", strict=False)),

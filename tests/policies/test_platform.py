@@ -1,0 +1,254 @@
+"""In-cluster layer rules: the flagship's recorded plan passes; one changed field (in each way it can
+be written) makes exactly the expected rule fire."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from policies.rules import ALL_RULES
+from policies.rules import platform as platform_rules
+from superkube import checks
+from superkube.plan import Plan
+from tests.policies import mutations as m
+
+Doc = dict[str, Any]
+PLATFORM = {r.name for r in platform_rules.RULES}
+
+
+def objects(doc: Doc, kind: str, component: str | None = None) -> list[dict[str, Any]]:
+    return [
+        r["inputs"]
+        for r in doc["resources"]
+        if r["type"].startswith("kubernetes:")
+        and r["inputs"].get("kind") == kind
+        and (
+            component is None or r["inputs"]["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        )
+    ]
+
+
+def balloon_pod(doc: Doc) -> dict[str, Any]:
+    return objects(doc, "Deployment", "balloons")[0]["spec"]["template"]["spec"]
+
+
+def autoscaler_container(doc: Doc) -> dict[str, Any]:
+    (deployment,) = objects(doc, "Deployment", "autoscaler")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def priority(doc: Doc, name: str) -> dict[str, Any]:
+    (pc,) = [p for p in objects(doc, "PriorityClass") if p["metadata"]["name"] == name]
+    return pc
+
+
+def set_flag(doc: Doc, name: str, value: str) -> None:
+    command = autoscaler_container(doc)["command"]
+    command[:] = [a for a in command if not a.startswith(f"--{name}=")] + [f"--{name}={value}"]
+
+
+def tolerate(toleration: dict[str, str]) -> Callable[[Doc], None]:
+    return lambda doc: balloon_pod(doc).setdefault("tolerations", []).append(toleration)
+
+
+def set_in(getter: Callable[[Doc], dict[str, Any]], key: str, value: Any) -> Callable[[Doc], None]:
+    return lambda doc: getter(doc).__setitem__(key, value)
+
+
+def del_in(getter: Callable[[Doc], dict[str, Any]], key: str) -> Callable[[Doc], None]:
+    return lambda doc: getter(doc).pop(key)
+
+
+def untag_one_pool(doc: Doc) -> None:
+    vmss = m.gpu_vmss(doc)
+    vmss["inputs"]["tags"]["cluster-autoscaler-name"] = "another-cluster"
+
+
+def shorter_jitter(doc: Doc) -> None:
+    for vmss in m.of(doc, m.VMSS):
+        m.rewrite_cloud_init(
+            vmss, "/usr/local/sbin/superkube-join", lambda s: re.sub(r"shuf -i 0-\d+ ", "shuf -i 0-5 ", s)
+        )
+
+
+def resources(doc: Doc) -> dict[str, Any]:
+    return autoscaler_container(doc)["resources"]
+
+
+CASES: list[tuple[str, Callable[[Doc], None], str]] = [
+    # schema: an unknown field, a wrong type, a missing required field
+    (
+        "unknown field on a container",
+        set_in(autoscaler_container, "bogus", 1),
+        "platform-objects-schema-valid",
+    ),
+    (
+        "replicas as text",
+        lambda d: objects(d, "Deployment", "balloons")[0]["spec"].__setitem__("replicas", "many"),
+        "platform-objects-schema-valid",
+    ),
+    ("container without a name", del_in(autoscaler_container, "name"), "platform-objects-schema-valid"),
+    (
+        "FlowSchema without a level",
+        lambda d: objects(d, "FlowSchema")[0]["spec"].pop("priorityLevelConfiguration"),
+        "platform-objects-schema-valid",
+    ),
+    # balloon priority: below the cutoff, not below the others, a class the layer lacks
+    (
+        "balloon priority -11",
+        set_in(lambda d: priority(d, "superkube-balloon"), "value", -11),
+        "platform-balloon-priority-window",
+    ),
+    (
+        "balloon priority 0",
+        set_in(lambda d: priority(d, "superkube-balloon"), "value", 0),
+        "platform-balloon-priority-window",
+    ),
+    (
+        "default priority -10",
+        set_in(lambda d: priority(d, "superkube-default"), "value", -10),
+        "platform-balloon-priority-window",
+    ),
+    (
+        "balloon names a missing class",
+        set_in(balloon_pod, "priorityClassName", "nope"),
+        "platform-balloon-priority-window",
+    ),
+    (
+        "cutoff raised above balloons",
+        lambda d: set_flag(d, "expendable-pods-priority-cutoff", "-5"),
+        "platform-balloon-priority-window",
+    ),
+    # preflight toleration: by key (Equal and Exists), and by a key-less Exists
+    (
+        "balloon tolerates preflight (Equal)",
+        tolerate(
+            {"key": "superkube.io/preflight", "operator": "Equal", "value": "pending", "effect": "NoSchedule"}
+        ),
+        "platform-balloon-no-preflight-toleration",
+    ),
+    (
+        "balloon tolerates preflight (Exists)",
+        tolerate({"key": "superkube.io/preflight", "operator": "Exists"}),
+        "platform-balloon-no-preflight-toleration",
+    ),
+    (
+        "balloon tolerates everything",
+        tolerate({"operator": "Exists"}),
+        "platform-balloon-no-preflight-toleration",
+    ),
+    # resources: no cpu request, no memory limit, GPU limit unequal to its request
+    ("no CPU request", lambda d: resources(d)["requests"].pop("cpu"), "platform-container-resources"),
+    ("no memory limit", lambda d: resources(d)["limits"].pop("memory"), "platform-container-resources"),
+    (
+        "GPU limit below its request",
+        lambda d: balloon_pod(d)["containers"][0]["resources"]["limits"].__setitem__("nvidia.com/gpu", "4"),
+        "platform-container-resources",
+    ),
+    # privileged: the flag, and capabilities that amount to it
+    (
+        "privileged container",
+        lambda d: autoscaler_container(d)["securityContext"].__setitem__("privileged", True),
+        "platform-container-privileged",
+    ),
+    (
+        "SYS_ADMIN added",
+        lambda d: autoscaler_container(d)["securityContext"]["capabilities"].__setitem__(
+            "add", ["SYS_ADMIN"]
+        ),
+        "platform-container-privileged",
+    ),
+    (
+        "all capabilities added",
+        lambda d: autoscaler_container(d)["securityContext"]["capabilities"].__setitem__("add", ["all"]),
+        "platform-container-privileged",
+    ),
+    # images: untagged, latest, tag on a registry with a port but none on the image
+    (
+        "untagged image",
+        set_in(autoscaler_container, "image", "registry.k8s.io/autoscaling/cluster-autoscaler"),
+        "platform-image-pinned",
+    ),
+    (
+        "latest image",
+        set_in(autoscaler_container, "image", "registry.k8s.io/autoscaling/cluster-autoscaler:latest"),
+        "platform-image-pinned",
+    ),
+    (
+        "registry port, no tag",
+        set_in(autoscaler_container, "image", "registry.example:5000/cluster-autoscaler"),
+        "platform-image-pinned",
+    ),
+    # discovery: another cluster's name, a filter that is not a label filter, a pool the filter misses, unknown flag
+    (
+        "discovery names another cluster",
+        lambda d: set_flag(
+            d,
+            "node-group-auto-discovery",
+            "label:cluster-autoscaler-enabled=true,cluster-autoscaler-name=other",
+        ),
+        "platform-autoscaler-discovery",
+    ),
+    (
+        "discovery by ASG syntax",
+        lambda d: set_flag(d, "node-group-auto-discovery", "asg:tag=k8s.io/cluster-autoscaler/enabled"),
+        "platform-autoscaler-discovery",
+    ),
+    ("one pool tagged for another cluster", untag_one_pool, "platform-autoscaler-discovery"),
+    (
+        "a flag the release lacks",
+        lambda d: set_flag(d, "scale-up-rate", "5"),
+        "platform-autoscaler-discovery",
+    ),
+    # join rate: bigger batches, faster scans, a shorter jitter
+    (
+        "1000 nodes per scale-up",
+        lambda d: set_flag(d, "max-nodes-per-scaleup", "1000"),
+        "platform-autoscaler-join-rate",
+    ),
+    ("2 s scans", lambda d: set_flag(d, "scan-interval", "2s"), "platform-autoscaler-join-rate"),
+    ("5 s join jitter", shorter_jitter, "platform-autoscaler-join-rate"),
+]
+
+
+@pytest.fixture(scope="module")
+def flagship(flagship_plan: Plan) -> tuple[Doc, checks.RuleConfig]:
+    return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
+
+
+def fired(doc: Doc, config: checks.RuleConfig) -> set[str]:
+    report = checks.evaluate(checks.view_from_plan_document(doc), ALL_RULES, config)
+    return {v.rule for v in report.violations}
+
+
+def test_the_flagship_in_cluster_layer_passes(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+    doc, config = flagship
+    assert objects(doc, "Deployment", "autoscaler") and objects(doc, "Deployment", "balloons")
+    assert fired(doc, config) == set()
+
+
+@pytest.mark.parametrize(("mutate", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_one_change_fires_its_rule(
+    mutate: Callable[[Doc], None], rule: str, flagship: tuple[Doc, checks.RuleConfig]
+) -> None:
+    doc, config = flagship
+    changed = copy.deepcopy(doc)
+    mutate(changed)
+    got = fired(changed, config)
+    assert rule in got, f"expected {rule}, got {sorted(got)}"
+    # schema problems may also trip a rule that reads the same field; otherwise only this rule fires
+    assert got & PLATFORM <= {rule, "platform-objects-schema-valid"}, sorted(got)
+
+
+def test_every_platform_rule_has_a_case() -> None:
+    assert {c[2] for c in CASES} == PLATFORM
+
+
+def test_a_lower_safe_join_rate_fails_the_unchanged_flagship(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+    doc, config = flagship
+    stricter = checks.RuleConfig.from_dict({**config.to_dict(), "safe_join_rate_per_minute": 299})
+    assert fired(doc, stricter) == {"platform-autoscaler-join-rate"}
