@@ -1,0 +1,178 @@
+"""The in-cluster layer as the real program records it: every object schema-valid, the autoscaler
+bound to exactly the scale sets' tags and its release's flags, balloons sized from the VM facts, APF
+objects that catch joins only, and each spec key reaching the object it sets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from superkube import autoscaling, render, vmsizes
+from superkube import plan as planning
+from superkube.kube import APF_NODE_HIGH_PRECEDENCE
+from superkube.plan import Plan
+from superkube.spec import PREFLIGHT_TAINT_KEY
+from tests.conftest import ROOT, dev_config
+
+VMSS = "azure-native:compute:VirtualMachineScaleSet"
+
+
+def of_kind(plan: Plan, kind: str) -> list[dict[str, Any]]:
+    return [o for objs in render.objects(plan).values() for o in objs if o["kind"] == kind]
+
+
+def named(plan: Plan, kind: str, name: str) -> dict[str, Any]:
+    (obj,) = [o for o in of_kind(plan, kind) if o["metadata"]["name"] == name]
+    return obj
+
+
+def autoscaler_flags(plan: Plan) -> dict[str, str]:
+    container = named(plan, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]["containers"][0]
+    return dict(a.removeprefix("--").partition("=")[::2] for a in container["command"][1:])
+
+
+def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
+    by_component = render.objects(any_plan)
+    assert set(by_component) == {"foundation", "node-join-flow", "autoscaler", "balloons"}
+    assert render.problems(any_plan, any_plan.spec.kubernetes_version) == []
+
+
+def test_the_plan_json_carries_each_objects_full_manifest(any_plan: Plan) -> None:
+    doc = any_plan.to_dict()
+    deployments = [r for r in doc["resources"] if r["type"] == "kubernetes:apps/v1:Deployment"]
+    assert {d["inputs"]["metadata"]["name"] for d in deployments} >= {"cluster-autoscaler"}
+    for d in deployments:
+        assert d["inputs"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    (provider,) = [r for r in doc["resources"] if r["type"] == "pulumi:providers:kubernetes"]
+    assert provider["inputs"]["kubeconfig"] == "[secret]", "the kubeconfig never lands in a plan file"
+
+
+def test_autoscaler_discovery_is_the_scale_sets_tags(any_plan: Plan) -> None:
+    wanted = autoscaling.parse_auto_discovery(autoscaler_flags(any_plan)["node-group-auto-discovery"])
+    assert wanted == autoscaling.discovery_tags(any_plan.cluster)
+    sets = any_plan.of_type(VMSS)
+    assert sets and all(all(s.inputs["tags"].get(k) == v for k, v in wanted.items()) for s in sets)
+
+
+def test_every_autoscaler_flag_is_one_of_its_release(any_plan: Plan) -> None:
+    container = named(any_plan, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert autoscaling.unknown_flags(container["command"][1:]) == []
+    assert container["image"].endswith(f":v{autoscaling.VERSION}")
+    # the reference is the release's list: a flag from another autoscaler's docs is not in it
+    assert autoscaling.unknown_flags(["--scale-up-rate=5", "--max-nodes-per-scaleup=1"]) == [
+        "--scale-up-rate=5"
+    ]
+
+
+def test_each_spec_key_reaches_its_autoscaler_flag(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    config.update(
+        {
+            "autoscaler_max_nodes_per_scaleup": 7,
+            "autoscaler_scan_interval_seconds": 20,
+            "autoscaler_max_total_unready_percentage": 33,
+            "autoscaler_ok_total_unready_count": 11,
+            "autoscaler_new_pod_scale_up_delay_seconds": 45,
+            "autoscaler_max_node_provision_minutes": 40,
+            "autoscaler_max_nodes_total": 99,
+        }
+    )
+    plan = planning.run(ROOT, str(write_stack(config)))
+    flags = autoscaler_flags(plan)
+    assert {k: flags[k] for k in flags if k in EXPECTED} == EXPECTED
+
+
+EXPECTED = {
+    "max-nodes-per-scaleup": "7",
+    "scan-interval": "20s",
+    "max-total-unready-percentage": "33",
+    "ok-total-unready-count": "11",
+    "new-pod-scale-up-delay": "45s",
+    "max-node-provision-time": "40m",
+    "max-nodes-total": "99",
+}
+
+
+def test_the_node_ceiling_defaults_to_the_pools_capacity(any_plan: Plan) -> None:
+    assert autoscaler_flags(any_plan)["max-nodes-total"] == str(
+        sum(p.nodes for p in any_plan.spec.node_pools)
+    )
+
+
+def test_balloons_fill_each_pool_one_node_per_pod(any_plan: Plan) -> None:
+    for pool in any_plan.spec.node_pools:
+        deployment = named(any_plan, "Deployment", f"balloon-{pool.name}")
+        spec = deployment["spec"]
+        pod = spec["template"]["spec"]
+        assert spec["replicas"] == pool.nodes
+        vm = vmsizes.size(pool.vm_size, "test")
+        requests = pod["containers"][0]["resources"]["requests"]
+        # the rest of the node after the agents' share: a second balloon cannot fit beside it
+        assert int(requests["cpu"].removesuffix("m")) > vm.vcpus * 1000 / 2
+        assert int(requests["memory"].removesuffix("Mi")) > vm.memory_gib * 1024 / 2
+        assert requests.get("nvidia.com/gpu", "0") == str(vm.gpus)
+        (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+        assert pod["nodeSelector"] == {"superkube.io/pool": pool.name}
+        assert all(t["key"] != PREFLIGHT_TAINT_KEY for t in pod.get("tolerations", []))
+        assert len(pod.get("tolerations", [])) == len(pool.taints)
+        balloon = named(any_plan, "PriorityClass", pod["priorityClassName"])
+        assert balloon["value"] == autoscaling.EXPENDABLE_CUTOFF and balloon["preemptionPolicy"] == "Never"
+
+
+def test_balloons_tolerate_a_pools_own_taints(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    pools = yaml.safe_load(config["superkube:node_pools"])
+    pools[0]["taints"] = ["team=vision:NoSchedule"]
+    config["superkube:node_pools"] = yaml.safe_dump(pools)
+    plan = planning.run(ROOT, str(write_stack(config)))
+    pod = named(plan, "Deployment", f"balloon-{pools[0]['name']}")["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [
+        {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
+    ]
+
+
+def test_join_flow_catches_bootstrap_and_registration_only(any_plan: Plan) -> None:
+    (level,) = of_kind(any_plan, "PriorityLevelConfiguration")
+    assert level["spec"]["limited"]["nominalConcurrencyShares"] == any_plan.spec.apf_node_join_shares
+    schemas = of_kind(any_plan, "FlowSchema")
+    assert {s["spec"]["priorityLevelConfiguration"]["name"] for s in schemas} == {level["metadata"]["name"]}
+    groups = set()
+    for s in schemas:
+        assert 1 < s["spec"]["matchingPrecedence"] < APF_NODE_HIGH_PRECEDENCE
+        for rule in s["spec"]["rules"]:
+            groups |= {subject["group"]["name"] for subject in rule["subjects"]}
+            # never a joined node's status or lease traffic: only creates, and only of nodes and CSRs
+            for r in rule["resourceRules"]:
+                assert set(r["resources"]) <= {"nodes", "certificatesigningrequests"}
+                if "system:nodes" in groups and r["resources"] == ["nodes"]:
+                    assert r["verbs"] == ["create"]
+    assert groups == {"system:bootstrappers", "system:nodes"}
+
+
+def test_without_the_in_cluster_layer_there_are_no_kubernetes_objects(
+    write_stack: Callable[..., Path],
+) -> None:
+    config = dev_config()
+    config["in_cluster_layer"] = False
+    plan = planning.run(ROOT, str(write_stack(config)))
+    assert render.objects(plan) == {}
+    assert not [r for r in plan.resources if r.type == "pulumi:providers:kubernetes"]
+    assert plan.of_type("azure-native:managedidentity:UserAssignedIdentity"), "the Azure side is unchanged"
+
+
+def test_peak_join_rate_model() -> None:
+    # batches overlap ceil(jitter / scan) deep, each spreading its nodes over the jitter window
+    assert autoscaling.peak_join_rate_per_second(7500, 50, 10, 600) == pytest.approx(5.0)
+    assert autoscaling.peak_join_rate_per_second(7500, 50, 10, 25) == pytest.approx(3 * 50 / 25)
+    assert autoscaling.peak_join_rate_per_second(7500, 50, 10, 0) == 50  # a whole batch at once
+    assert autoscaling.peak_join_rate_per_second(20, 50, 10, 100) == pytest.approx(0.2)  # one small batch
+    assert math.isclose(autoscaling.peak_join_rate_per_second(100, 50, 10, 600), 2 * 50 / 600)

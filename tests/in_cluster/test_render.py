@@ -1,0 +1,164 @@
+"""`superkube render`: one YAML file per component, every object schema-checked; a broken field fails
+render and check with one line naming the object, the field and the reason, and writes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from modules.platform import balloons
+from superkube import render
+from superkube.cli import app
+from tests.conftest import dev_config
+
+
+def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
+    out = tmp_path / "rendered"
+    result = CliRunner().invoke(app, ["render", "-s", "flagship", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "autoscaler.yaml",
+        "balloons.yaml",
+        "foundation.yaml",
+        "node-join-flow.yaml",
+    ]
+    for path in out.iterdir():
+        docs = list(yaml.safe_load_all(path.read_text()))
+        assert docs and all(list(d)[:3] == ["apiVersion", "kind", "metadata"] for d in docs)
+        for doc in docs:
+            assert render.validate(doc, "1.35") == [], path.name
+    assert "valid against Kubernetes 1.35.0 (strict)" in result.stdout
+
+
+def test_render_to_stdout_names_each_component() -> None:
+    result = CliRunner().invoke(app, ["render"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("# component: ") == 4
+    kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
+    assert {"Deployment", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
+
+
+@pytest.fixture
+def bogus_balloon_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = balloons.deployment
+
+    def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        obj = real(*args, **kwargs)
+        obj["spec"]["template"]["spec"]["containers"][0]["cpuLimit"] = "1"
+        return obj
+
+    monkeypatch.setattr(balloons, "deployment", broken)
+
+
+def test_a_broken_field_fails_render_with_one_line_and_writes_nothing(
+    bogus_balloon_field: None, tmp_path: Path
+) -> None:
+    out = tmp_path / "rendered"
+    result = CliRunner().invoke(app, ["render", "-s", "dev", "--out", str(out)])
+    assert result.exit_code == 1
+    invalid = [line for line in result.stderr.splitlines() if line.startswith("invalid:")]
+    assert invalid == [
+        "invalid: balloons: Deployment/superkube-system/balloon-gpu: spec.template.spec.containers[0]: "
+        "unknown field: Additional properties are not allowed ('cpuLimit' was unexpected)",
+        "invalid: balloons: Deployment/superkube-system/balloon-cpu: spec.template.spec.containers[0]: "
+        "unknown field: Additional properties are not allowed ('cpuLimit' was unexpected)",
+    ]
+    assert "nothing written" in result.stderr and not out.exists()
+
+
+def test_a_broken_field_fails_check_too(bogus_balloon_field: None) -> None:
+    result = CliRunner().invoke(app, ["check", "-s", "dev", "-o", "json"])
+    assert result.exit_code == 1
+    assert "platform-objects-schema-valid" in result.stdout and "'cpuLimit' was unexpected" in result.stdout
+
+
+def test_render_without_the_layer_says_so(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    config["in_cluster_layer"] = False
+    result = CliRunner().invoke(app, ["render", "-s", str(write_stack(config))])
+    assert result.exit_code == 1
+    assert "no in-cluster layer (superkube:in_cluster_layer is false)" in result.stderr
+
+
+def test_render_refuses_an_out_dir_whose_parent_is_missing(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["render", "--out", str(tmp_path / "a" / "b")])
+    assert result.exit_code == 2 and "does not exist; create it first" in result.stderr
+
+
+def test_an_unknown_vm_size_is_one_line(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    config["superkube:node_pools"] = config["superkube:node_pools"].replace(
+        "Standard_D8s_v5", "Standard_D8s_v9"
+    )
+    result = CliRunner().invoke(app, ["render", "-s", str(write_stack(config))])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: superkube:node_pools[1].vm_size: 'Standard_D8s_v9' is not in data/vm_sizes.yaml (the "
+        "balloons size their pods from it); add it there with its vcpus, memory_gib and gpus from Azure's "
+        "size documentation"
+    ]
+
+
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.example.com"},
+    "spec": {
+        "group": "example.com",
+        "names": {"kind": "Widget", "plural": "widgets"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "apiVersion": {"type": "string"},
+                            "kind": {"type": "string"},
+                            "metadata": {"type": "object"},
+                            "spec": {
+                                "type": "object",
+                                "required": ["size"],
+                                "properties": {
+                                    "size": {"type": "integer", "minimum": 1},
+                                    "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                },
+                            },
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_custom_resources_are_checked_against_their_crd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "widget.yaml").write_text(yaml.safe_dump(CRD))
+    monkeypatch.setattr(render, "CRDS", tmp_path)
+    render.crd_schemas.cache_clear()
+    try:
+        widget = {
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "n"},
+        }
+        assert render.validate({**widget, "spec": {"size": 2, "extra": {"anything": 1}}}, "1.35") == []
+        (problem,) = render.validate({**widget, "spec": {"size": 0}}, "1.35", "gadgets")
+        assert str(problem) == "gadgets: Widget/n/w: spec.size: 0 is less than the minimum of 1"
+        (problem,) = render.validate({**widget, "spec": {"size": 1, "colour": "red"}}, "1.35")
+        assert problem.field == "spec" and "'colour' was unexpected" in problem.reason
+        (problem,) = render.validate({**widget, "apiVersion": "example.com/v2"}, "1.35")
+        assert "no CRD for it under data/crds/" in problem.reason
+    finally:
+        render.crd_schemas.cache_clear()
