@@ -40,3 +40,5 @@ bench: install-test debian-deps
 	$(BIN)/python bench/check.py
 	$(BIN)/python bench/exporter.py
 	$(BIN)/python bench/converge.py
+	$(BIN)/python bench/render.py
+	$(BIN)/python bench/join_storm.py
