@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -60,3 +61,15 @@ def test_config_schema_check_fails_when_stale(tmp_path: Path, root: Path) -> Non
     )
     result = CliRunner().invoke(app, ["config-schema", "--check", "--project", str(tmp_path)])
     assert result.exit_code == 1 and "out of date" in result.stderr
+
+
+def test_saved_plans_list_resources_in_one_stable_order(dev_plan: Any) -> None:
+    """Two plans of one stack are the same document, so a saved plan diffs only where the stack did."""
+    from superkube import plan as planning
+    from tests.conftest import ROOT
+
+    urns = [r.urn for r in dev_plan.resources]
+    assert urns == sorted(urns)
+    again = planning.run(ROOT, "dev").to_dict()
+    first = dev_plan.to_dict()
+    assert [r["urn"] for r in again["resources"]] == [r["urn"] for r in first["resources"]]

@@ -391,8 +391,9 @@ def render(
             sys.stdout.write(f"# component: {component}\n---\n" + rendering.to_yaml(objs))
         return
     out_dir.mkdir(exist_ok=True)
+    names = rendering.file_names(list(by_component))
     for component, objs in by_component.items():
-        _write_atomically(out_dir / f"{component}.yaml", rendering.to_yaml(objs))
+        _write_atomically(out_dir / names[component], rendering.to_yaml(objs))
     out.print(
         f"{total} objects in {len(by_component)} files under {out_dir}, "
         f"valid against Kubernetes {version} (strict)"

@@ -463,7 +463,7 @@ def run(project: Path, stack: str) -> Plan:
         stack=name,
         spec=spec,
         addresses=addresses,
-        resources=recorded,
+        resources=sorted(recorded, key=lambda r: r.urn),  # a stable order: saved plans diff cleanly
         outputs=outputs,
         seconds=time.perf_counter() - started,
         config=config,

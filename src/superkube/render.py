@@ -61,13 +61,45 @@ def component_of(plan: Plan, resource: Resource) -> str:
     return "objects"
 
 
+# The order objects can be applied in: what others live in or refer to first, workloads last.
+APPLY_ORDER = (
+    "Namespace",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "PriorityLevelConfiguration",
+    "FlowSchema",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Service",
+)
+
+
+def _apply_rank(obj: dict[str, Any]) -> tuple[int, str, str]:
+    kind = obj.get("kind", "")
+    rank = APPLY_ORDER.index(kind) if kind in APPLY_ORDER else len(APPLY_ORDER)
+    meta = obj.get("metadata") or {}
+    return rank, meta.get("namespace", ""), meta.get("name", "")
+
+
 def objects(plan: Plan) -> dict[str, list[dict[str, Any]]]:
-    """Every Kubernetes object of the plan, by component, in the program's order."""
+    """Every Kubernetes object of the plan, by component (sorted), each in an order it can be applied."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for resource in plan.resources:
         if is_object(resource):
             out[component_of(plan, resource)].append(manifest(resource))
-    return dict(out)
+    # the foundation (namespace, classes) first, then the rest by name: the order files are applied in
+    order = sorted(out, key=lambda c: (c != "foundation", c))
+    return {component: sorted(out[component], key=_apply_rank) for component in order}
+
+
+def file_names(components: list[str]) -> dict[str, str]:
+    """Numbered so that `kubectl apply -f DIR` (which goes by file name) applies them in order."""
+    return {c: f"{i:02d}-{c}.yaml" for i, c in enumerate(components)}
 
 
 def name_of(obj: dict[str, Any]) -> str:
@@ -184,13 +216,3 @@ def to_yaml(objs: list[dict[str, Any]]) -> str:
             {**{k: body[k] for k in _HEAD if k in body}, **{k: v for k, v in body.items() if k not in _HEAD}}
         )
     return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=120)
-
-
-def write(plan: Plan, out: Path) -> list[Path]:
-    """One multi-document YAML file per component under `out` (which must exist)."""
-    written = []
-    for component, objs in objects(plan).items():
-        path = out / f"{component}.yaml"
-        path.write_text(to_yaml(objs))
-        written.append(path)
-    return written

@@ -21,11 +21,11 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
     out = tmp_path / "rendered"
     result = CliRunner().invoke(app, ["render", "-s", "flagship", "--out", str(out)])
     assert result.exit_code == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == [
-        "autoscaler.yaml",
-        "balloons.yaml",
-        "foundation.yaml",
-        "node-join-flow.yaml",
+    assert sorted(p.name for p in out.iterdir()) == [  # the foundation's namespace and classes first
+        "00-foundation.yaml",
+        "01-autoscaler.yaml",
+        "02-balloons.yaml",
+        "03-node-join-flow.yaml",
     ]
     for path in out.iterdir():
         docs = list(yaml.safe_load_all(path.read_text()))
@@ -63,9 +63,9 @@ def test_a_broken_field_fails_render_with_one_line_and_writes_nothing(
     assert result.exit_code == 1
     invalid = [line for line in result.stderr.splitlines() if line.startswith("invalid:")]
     assert invalid == [
-        "invalid: balloons: Deployment/superkube-system/balloon-gpu: spec.template.spec.containers[0]: "
-        "unknown field: Additional properties are not allowed ('cpuLimit' was unexpected)",
         "invalid: balloons: Deployment/superkube-system/balloon-cpu: spec.template.spec.containers[0]: "
+        "unknown field: Additional properties are not allowed ('cpuLimit' was unexpected)",
+        "invalid: balloons: Deployment/superkube-system/balloon-gpu: spec.template.spec.containers[0]: "
         "unknown field: Additional properties are not allowed ('cpuLimit' was unexpected)",
     ]
     assert "nothing written" in result.stderr and not out.exists()
@@ -162,3 +162,13 @@ def test_custom_resources_are_checked_against_their_crd(
         assert "no CRD for it under data/crds/" in problem.reason
     finally:
         render.crd_schemas.cache_clear()
+
+
+def test_objects_come_in_an_order_they_can_be_applied_in(any_plan: Any) -> None:
+    seen_namespaces: set[str] = {"kube-system", "default"}
+    for objs in render.objects(any_plan).values():
+        for obj in objs:
+            ns = obj["metadata"].get("namespace")
+            assert ns is None or ns in seen_namespaces, f"{render.name_of(obj)} before its namespace"
+            if obj["kind"] == "Namespace":
+                seen_namespaces.add(obj["metadata"]["name"])
