@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ def test_plan_json_has_every_resource_with_type_name_inputs_parent_and_dependenc
 
 
 def test_plan_out_and_diagram_files(tmp_path: Path) -> None:
+    (tmp_path / "plans").mkdir()
     out, svg = tmp_path / "plans" / "flagship.json", tmp_path / "flagship.svg"
     result = CliRunner().invoke(app, ["plan", "-s", "flagship", "--out", str(out), "--diagram", str(svg)])
     assert result.exit_code == 0, result.stderr
@@ -73,3 +79,58 @@ def test_saved_plans_list_resources_in_one_stable_order(dev_plan: Any) -> None:
     again = planning.run(ROOT, "dev").to_dict()
     first = dev_plan.to_dict()
     assert [r["urn"] for r in again["resources"]] == [r["urn"] for r in first["resources"]]
+
+
+def test_an_out_file_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "plan.json"
+    result = CliRunner().invoke(app, ["plan", "--out", str(target)])
+    assert result.exit_code == 2
+    assert (
+        result.stderr.strip()
+        == f"error: --out {target}: directory {target.parent} does not exist; create it first"
+    )
+    assert not (tmp_path / "no").exists()
+
+
+def test_output_files_get_the_umasks_mode_not_a_private_one(tmp_path: Path) -> None:
+    out = tmp_path / "dev.azure_rm.yml"
+    old = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(app, ["inventory", "--out", str(out)])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
+
+
+def test_check_list_as_json_is_json() -> None:
+    from policies.rules import ALL_RULES
+
+    result = CliRunner().invoke(app, ["check", "--list", "-o", "json"])
+    assert result.exit_code == 0, result.stderr
+    rules = json.loads(result.stdout)
+    assert [r["name"] for r in rules] == [r.name for r in ALL_RULES]
+    assert all(r["description"] and r["remediation"] for r in rules)
+
+
+def test_check_refuses_a_saved_plan_and_a_stack_together(tmp_path: Path) -> None:
+    saved = tmp_path / "dev.json"
+    assert CliRunner().invoke(app, ["plan", "--out", str(saved)]).exit_code == 0
+    result = CliRunner().invoke(app, ["check", "--plan", str(saved), "--stack", "flagship"])
+    assert result.exit_code == 2
+    assert "a saved plan names its own stack; give one of them" in result.stderr
+
+
+def test_a_reader_that_stops_early_is_not_an_error() -> None:
+    """`superkube plan | head -1`: exit 0 and nothing on stderr once the reader has its line."""
+    proc = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m superkube.cli plan -s dev -o json | head -c 1; "
+        "echo; echo status=${PIPESTATUS[0]}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.splitlines() == ["{", "status=0"], proc.stdout + proc.stderr
+    assert proc.stderr == ""

@@ -12,6 +12,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -47,7 +48,8 @@ ProjectOpt = Annotated[
 
 
 def fail(message: str, code: int = USER_ERROR) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    # the message is printed verbatim: brackets in a pattern or a key path are not markup
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
     raise typer.Exit(code)
 
 
@@ -57,12 +59,20 @@ def _project(project: Path | None) -> Path:
     return project.resolve() if project else find_project()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write through a temporary file and rename, so a reader never sees half a file. The file gets
+    the mode any new file gets (0666 less the umask), not the temporary file's private 0600."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -75,6 +85,8 @@ def _check_writable(path: Path | None, option: str) -> None:
     parent = path.resolve().parent
     if path.is_dir():
         fail(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        fail(f"{option} {path}: directory {parent} does not exist; create it first")
     if parent.exists() and not os.access(parent, os.W_OK):
         fail(f"{option} {path}: directory is not writable; choose another path")
 
@@ -267,9 +279,22 @@ def _relative(path: Path, root: Path) -> str:
     return Path(os.path.relpath(path.resolve(), root)).as_posix()
 
 
+def _rule_dict(rule: Any) -> dict[str, str]:
+    return {
+        "name": rule.name,
+        "severity": rule.severity,
+        "enforcement": rule.enforcement,
+        "description": rule.description,
+        "remediation": rule.remediation,
+    }
+
+
 @app.command()
 def check(
-    stack: StackOpt = "dev",
+    stack: Annotated[
+        str | None,
+        typer.Option("--stack", "-s", help="Stack name or stack file path (default: dev); not with --plan."),
+    ] = None,
     plan_file: Annotated[
         Path | None,
         typer.Option("--plan", help="Check a plan saved by `superkube plan --out` instead of planning."),
@@ -285,10 +310,18 @@ def check(
     from superkube import checks
     from superkube import plan as planning
 
+    if plan_file is not None and stack is not None:
+        fail(f"--plan {plan_file} and --stack {stack}: a saved plan names its own stack; give one of them")
+    stack = stack or "dev"
     try:
         rules = checks.load_rules(_project(project))
         if list_rules:
-            _print_rules(rules)
+            if output is CheckOutput.json:
+                sys.stdout.write(json.dumps([_rule_dict(r) for r in rules], indent=2) + "\n")
+            elif output is not CheckOutput.table:
+                fail(f"--list prints a table or json, not {output.value}")
+            else:
+                _print_rules(rules)
             return
         view, spec, addresses, name, source, _ = _stack_report_inputs(stack, plan_file, project)
         checks.check_overrides(spec.policy_overrides, rules)
@@ -348,7 +381,10 @@ def _print_report(report: Any) -> None:
         table.add_row(o.rule.name, o.rule.severity, o.enforcement, result)
     out.print(table)
     for v in report.violations:
-        out.print(f"[bold]{v.rule}[/] {v.resource}: {v.message}\n  fix: {v.remediation}", highlight=False)
+        out.print(
+            f"[bold]{v.rule}[/] {escape(v.resource)}: {escape(v.message)}\n  fix: {escape(v.remediation)}",
+            highlight=False,
+        )
     out.print(checks.summary(report), highlight=False)
 
 
@@ -383,7 +419,7 @@ def render(
     found = rendering.problems(result, version)
     if found:
         for problem in found:
-            err.print(f"[bold red]invalid:[/] {problem}", markup=True, highlight=False)
+            err.print(f"[bold red]invalid:[/] {escape(str(problem))}", markup=True, highlight=False)
         fail(f"{len(found)} invalid object(s) against Kubernetes {version}; nothing written", code=1)
     total = sum(len(objs) for objs in by_component.values())
     if out_dir is None:
@@ -588,11 +624,11 @@ def converge(
     else:
         out.print(table(result.hosts))
         for problem in result.problems:
-            out.print(f"[red]{problem}[/]")
+            out.print(f"[red]{escape(str(problem))}[/]")
         for name in result.failed_hosts:
             h = result.hosts[name]
             what = "unreachable" if h.unreachable else "failed"
-            out.print(f"[red]{name} {what}[/]: {h.message}")
+            out.print(f"[red]{escape(name)} {escape(str(what))}[/]: {escape(str(h.message))}")
         if result.ok:
             verdict = "converged"
         elif result.failed_hosts:
@@ -621,6 +657,7 @@ def inventory(
 
     if out_file is not None and not out_file.name.endswith(("azure_rm.yml", "azure_rm.yaml")):
         fail(f"--out {out_file}: the azure_rm plugin only reads files named *.azure_rm.yml; rename it")
+    _check_writable(out_file, "--out")
     try:
         _, spec, addresses = planning.load(_project(project), stack)
     except SpecError as exc:
@@ -665,6 +702,12 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         raise SystemExit(130) from None
+    except SystemExit as exc:
+        # `superkube plan | head -1`: the reader closed the pipe because it had what it wanted. The
+        # CLI framework then quietly wraps stdout and exits 1; that is not a failure of ours.
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            raise SystemExit(0) from None
+        raise
 
 
 etcd_app = typer.Typer(help="The cluster's two etcd clusters (main and events).", no_args_is_help=True)

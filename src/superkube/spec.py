@@ -498,6 +498,18 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+# Every pattern a key must match, said in words (an error shows the pattern too).
+PATTERN_WORDS = {
+    r"^[0-9./]+$": "write an IPv4 CIDR such as 10.64.0.0/20",
+    r"^Standard_[A-Za-z0-9_]+$": "write an Azure VM size as Azure spells it, e.g. Standard_D8s_v5 (capital S)",
+    r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$": "write a marketplace image as publisher:offer:sku:version",
+    r"^[a-z0-9]+$": "write the region's name in lower-case letters and digits, e.g. eastus",
+    r"^[a-z][a-z0-9-]*$": "write a lower-case name: a letter, then letters, digits or '-'",
+    r"^1\.\d+\.\d+$": "write a Kubernetes version such as 1.35.0",
+    r"^[a-z_][a-z0-9_-]{0,31}$": "write a Linux user name: lower-case letters, digits, '_' or '-', at most 32",
+}
+
+
 def _fix_for(err: Mapping[str, Any], known: list[str]) -> str:
     kind = err["type"]
     loc = err["loc"]
@@ -514,7 +526,8 @@ def _fix_for(err: Mapping[str, Any], known: list[str]) -> str:
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         return "choose a value within that range"
     if kind == "string_pattern_mismatch":
-        return "match the documented format (see Pulumi.yaml)"
+        pattern = (err.get("ctx") or {}).get("pattern", "")
+        return PATTERN_WORDS.get(pattern, "match the documented format (see Pulumi.yaml)")
     if kind == "literal_error":
         return "use one of the allowed values"
     if kind in ("list_type", "dict_type", "model_type"):
@@ -535,6 +548,11 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _uncapitalized(message: str) -> str:
+    """pydantic's message with its first letter lowered, and nothing else (patterns stay verbatim)."""
+    return message[:1].lower() + message[1:]
+
+
 def from_config(config: Mapping[str, Any]) -> ClusterSpec:
     """Validate un-namespaced config values (strings as Pulumi passes them, or YAML scalars)."""
     values: dict[str, Any] = {}
@@ -549,7 +567,7 @@ def from_config(config: Mapping[str, Any]) -> ClusterSpec:
         loc = tuple(err["loc"])
         if loc and loc[-1] == "[key]":  # a bad mapping key, e.g. an unknown limit name
             loc = loc[:-1]
-            problem = f"{err['input']!r} is not allowed here ({err['msg'].lower()})"
+            problem = f"{err['input']!r} is not allowed here ({_uncapitalized(err['msg'])})"
         else:
             problem = str(err["msg"]).removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
@@ -561,7 +579,7 @@ def from_config(config: Mapping[str, Any]) -> ClusterSpec:
                 and "input" in err
                 and not isinstance(err["input"], dict | list)
             ):
-                problem = f"{problem.lower()} (got {err['input']!r})"
+                problem = f"{_uncapitalized(problem)} (got {err['input']!r})"
         if ";" in problem:  # our own validators already say how to fix it
             head, _, fix = problem.partition("; ")
             raise SpecError(_key_path(loc), head, fix) from None

@@ -161,9 +161,38 @@ def test_bad_spec_gives_one_line_naming_the_key(
     assert not out_json.exists() and not svg.exists()
 
 
-def test_there_are_at_least_25_cases() -> None:
-    assert len(CASES) >= 25
-    assert len({c[0] for c in CASES}) == len(CASES)
+PATTERN_CASES = [
+    ("region", "East US", "'^[a-z0-9]+$'", "lower-case letters and digits, e.g. eastus"),
+    ("nat_host_vm_size", "standard_d2s_v5", "'^Standard_[A-Za-z0-9_]+$'", "e.g. Standard_D8s_v5 (capital S)"),
+    ("kubernetes_version", "v1.35", "'^1\\.\\d+\\.\\d+$'", "such as 1.35.0"),
+    ("team", "ML_Infra", "'^[a-z][a-z0-9-]*$'", "a letter, then letters, digits or '-'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "pattern", "words"), PATTERN_CASES, ids=[c[0] for c in PATTERN_CASES]
+)
+def test_a_pattern_error_shows_the_pattern_verbatim_and_says_it_in_words(
+    key: str, value: str, pattern: str, words: str, write_stack: Callable[..., Path]
+) -> None:
+    result = run_cli(["plan", "--stack", str(write_stack({**dev_config(), f"superkube:{key}": value}))])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"superkube:{key}: string should match pattern {pattern} (got {value!r}); " in line, line
+    assert line.endswith(words), line
+
+
+def test_every_pattern_of_the_spec_is_said_in_words() -> None:
+    from superkube.spec import PATTERN_WORDS, ClusterSpec, NodePool
+
+    patterns = {
+        m.pattern
+        for model in (ClusterSpec, NodePool)
+        for f in model.model_fields.values()
+        for m in f.metadata
+        if getattr(m, "pattern", None)
+    }
+    assert patterns and patterns <= set(PATTERN_WORDS), patterns - set(PATTERN_WORDS)
 
 
 @pytest.mark.parametrize(
