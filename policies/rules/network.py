@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView, networks, subnet_of, vnet_of
 
@@ -14,6 +15,7 @@ SUBNET = "azure-native:network:Subnet"
 VNET = "azure-native:network:VirtualNetwork"
 PEERING = "azure-native:network:VirtualNetworkPeering"
 NSG = "azure-native:network:NetworkSecurityGroup"
+SECURITY_RULE = "azure-native:network:SecurityRule"
 ROUTE = "azure-native:network:Route"
 LB = "azure-native:network:LoadBalancer"
 INTERNET = {"internet", "*", "0.0.0.0/0", "any"}
@@ -55,24 +57,52 @@ def _nic_no_public_ip(view: StackView, config: RuleConfig) -> Iterator[Finding]:
                 yield Finding("the API servers' load balancer has a public frontend", lb.urn)
 
 
+def _sources(rule: Mapping[str, Any]) -> list[str]:
+    """Every source a security rule admits: Azure takes a single prefix, a list, or both."""
+    single = rule.get("sourceAddressPrefix")
+    return [str(p) for p in ([single] if single else []) + list(rule.get("sourceAddressPrefixes") or [])]
+
+
+def _is_internet(prefix: str) -> bool:
+    """The Internet service tag, any-address forms, or a public address range."""
+    if prefix.strip().lower() in INTERNET:
+        return True
+    try:
+        net = ipaddress.ip_network(prefix.strip(), strict=False)
+    except ValueError:
+        return False  # another service tag (VirtualNetwork, AzureLoadBalancer, ...)
+    return not net.is_private
+
+
+def _security_rules(view: StackView) -> dict[str, tuple[PlanResource, list[Mapping[str, Any]]]]:
+    """Each NSG's rules, whether written inline or as separate SecurityRule resources."""
+    nsgs = {
+        n.props.get("networkSecurityGroupName", n.name): (n, list(n.props.get("securityRules") or []))
+        for n in view.of_type(NSG)
+    }
+    for r in view.of_type(SECURITY_RULE):
+        owner = r.props.get("networkSecurityGroupName", "")
+        if owner in nsgs:
+            nsgs[owner][1].append({**r.props, "name": r.props.get("securityRuleName", r.name)})
+    return nsgs
+
+
 def _nsg_deny_internet(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    nsgs = {n.props.get("networkSecurityGroupName", n.name): n for n in view.of_type(NSG)}
     for subnet in view.of_type(SUBNET):
         nsg_id = (subnet.props.get("networkSecurityGroup") or {}).get("id", "")
         if not nsg_id:
             yield Finding(f"subnet {subnet.props.get('subnetName')} has no NSG", subnet.urn)
-    for name, nsg in nsgs.items():
-        inbound = [r for r in nsg.props.get("securityRules") or [] if r.get("direction") == "Inbound"]
-        from_internet = [r for r in inbound if str(r.get("sourceAddressPrefix", "")).lower() in INTERNET]
-        for rule in from_internet:
-            if rule.get("access") == "Allow":
+    for name, (nsg, rules) in _security_rules(view).items():
+        inbound = [r for r in rules if str(r.get("direction", "")).lower() == "inbound"]
+        for rule in inbound:
+            internet = [p for p in _sources(rule) if _is_internet(p)]
+            if internet and str(rule.get("access", "")).lower() == "allow":
                 yield Finding(
-                    f"NSG {name} rule {rule.get('name')} allows inbound from {rule.get('sourceAddressPrefix')}",
-                    nsg.urn,
+                    f"NSG {name} rule {rule.get('name')} allows inbound from {', '.join(internet)}", nsg.urn
                 )
         if not any(
-            r.get("access") == "Deny" and str(r.get("sourceAddressPrefix", "")).lower() == "internet"
-            for r in from_internet
+            str(r.get("access", "")).lower() == "deny" and any(p.lower() == "internet" for p in _sources(r))
+            for r in inbound
         ):
             yield Finding(f"NSG {name} has no explicit rule denying inbound from the Internet", nsg.urn)
 

@@ -28,6 +28,7 @@ TAGLESS_TYPES = frozenset(
         "azure-native:network:VirtualNetworkPeering",
         "azure-native:network:Route",
         "azure-native:authorization:RoleAssignment",
+        "azure-native:network:SecurityRule",
     }
 )
 

@@ -105,6 +105,54 @@ def allow_ssh_from_internet(doc: Doc) -> None:
     )
 
 
+def allow_from(
+    field: str, value: Any, access: str = "Allow", direction: str = "Inbound"
+) -> Callable[[Doc], None]:
+    """An Allow rule on the spoke's NSG from `value`, written with `field` (singular or plural)."""
+
+    def change(doc: Doc) -> None:
+        nsg = of(doc, "azure-native:network:NetworkSecurityGroup", "spoke")[0]
+        nsg["inputs"]["securityRules"].append(
+            {
+                "name": "web",
+                "priority": 110,
+                "direction": direction,
+                "access": access,
+                "protocol": "Tcp",
+                field: value,
+                "destinationPortRange": "443",
+            }
+        )
+
+    return change
+
+
+def allow_as_security_rule(doc: Doc) -> None:
+    """The same Allow, but as a separate SecurityRule resource attached to the NSG."""
+    nsg = of(doc, "azure-native:network:NetworkSecurityGroup", "spoke")[0]
+    doc["resources"].append(
+        {
+            "urn": nsg["urn"] + "-ssh",
+            "type": "azure-native:network:SecurityRule",
+            "name": "ssh",
+            "custom": True,
+            "parent": nsg["parent"],
+            "dependencies": [],
+            "inputs": {
+                "securityRuleName": "ssh",
+                "networkSecurityGroupName": nsg["inputs"]["networkSecurityGroupName"],
+                "resourceGroupName": nsg["inputs"].get("resourceGroupName", ""),
+                "priority": 120,
+                "direction": "Inbound",
+                "access": "Allow",
+                "protocol": "Tcp",
+                "sourceAddressPrefix": "Internet",
+                "destinationPortRange": "22",
+            },
+        }
+    )
+
+
 def route_to_wrong_hop(doc: Doc) -> None:
     of(doc, "azure-native:network:Route")[0]["inputs"]["nextHopIpAddress"] = "10.0.0.200"
 

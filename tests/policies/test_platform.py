@@ -32,8 +32,11 @@ def objects(doc: Doc, kind: str, component: str | None = None) -> list[dict[str,
     ]
 
 
-def balloon_pod(doc: Doc) -> dict[str, Any]:
-    return objects(doc, "Deployment", "balloons")[0]["spec"]["template"]["spec"]
+def balloon_pod(doc: Doc, pool: str = "gpu") -> dict[str, Any]:
+    (deployment,) = [
+        d for d in objects(doc, "Deployment", "balloons") if d["metadata"]["name"] == f"balloon-{pool}"
+    ]
+    return deployment["spec"]["template"]["spec"]
 
 
 def autoscaler_container(doc: Doc) -> dict[str, Any]:
