@@ -19,6 +19,7 @@ CONFIG_SCHEMA = PolicyConfigSchema(
         "group_vars": {"type": "object"},
         "kubernetes_version": {"type": "string"},
         "safe_join_rate_per_minute": {"type": "integer"},
+        "autoscaler_enabled": {"type": "boolean"},
     }
 )
 

@@ -131,6 +131,8 @@ class NodePool(pulumi.ComponentResource):
                 superkube_role=f"{pool.role}_nodes",
                 superkube_pool=pool.name,
                 superkube_pod_ips=str(pool.pod_ips_per_node),
+                # the most VMs the plan lets this set hold, whether or not the autoscaler manages it
+                superkube_capacity=str(plan.capacity),
             )
             if args.autoscaler:
                 tags.update(autoscaler_tags(args.cluster, pool, plan, labels, taints))

@@ -53,7 +53,7 @@ def _no_password_login(view: StackView, config: RuleConfig) -> Iterator[Finding]
 def _vmss_vm_limit(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     limit = config.limits["vmss_vms"]
     for s in view.of_type(VMSS):
-        most = max(int(s.tags.get("max", 0) or 0), int((s.props.get("sku") or {}).get("capacity", 0) or 0))
+        most = s.capacity
         if most > limit:
             yield Finding(f"scale set may hold {most:,} VMs > {limit:,}", s.urn)
 
@@ -76,7 +76,11 @@ def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             yield Finding("GPU nodes register without the preflight taint", s.urn)
         if f"{PREFLIGHT}=pending" not in _kubelet_flag(kubelet, "--node-labels"):
             yield Finding("GPU nodes register without the preflight label", s.urn)
-        if s.tags.get(f"{TEMPLATE}_taint_{PREFLIGHT.replace('/', '_')}") != "pending:NoSchedule":
+        autoscaled = s.tags.get("cluster-autoscaler-enabled") == "true"
+        if (
+            autoscaled
+            and s.tags.get(f"{TEMPLATE}_taint_{PREFLIGHT.replace('/', '_')}") != "pending:NoSchedule"
+        ):
             yield Finding(
                 "the autoscaler's node template lacks the preflight taint, so it would plan pods onto new nodes",
                 s.urn,
@@ -86,6 +90,13 @@ def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
 def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for s in view.of_type(VMSS):
         tags = s.tags
+        if not config.autoscaler_enabled:
+            # the stack chose fixed-size pools: no set may carry discovery tags the autoscaler would act on
+            if tags.get("cluster-autoscaler-enabled"):
+                yield Finding(
+                    "scale set carries autoscaler discovery tags while autoscaler_enabled is false", s.urn
+                )
+            continue
         if tags.get("cluster-autoscaler-enabled") != "true":
             yield Finding("scale set is not tagged cluster-autoscaler-enabled=true", s.urn)
         if config.cluster and tags.get("cluster-autoscaler-name") != config.cluster:
@@ -141,14 +152,16 @@ RULES = [
         "compute-vmss-preflight-taint",
         "high",
         "GPU nodes register behind the preflight taint and label, and the autoscaler knows it.",
-        "Keep NodePool's cloud-init and node-template tags for gpu pools; preflight tests lift the taint.",
+        "No stack key turns this off: superkube writes the taint and label into every gpu pool's cloud-init (and node "
+        "template); re-plan with `superkube plan` rather than editing customData or tags by hand.",
         _preflight_taint,
     ),
     Rule(
         "compute-vmss-autoscaler-tags",
         "medium",
-        "Every scale set carries cluster-autoscaler discovery, min/max and node-template tags.",
-        "Set superkube:autoscaler_enabled true; NodePool writes the tags.",
+        "With autoscaling on, every scale set carries cluster-autoscaler discovery, min/max and node-template tags; with it off, none does.",
+        "Re-plan with `superkube plan`: NodePool writes the tags when superkube:autoscaler_enabled is true and none "
+        "when it is false.",
         _autoscaler_tags,
     ),
     Rule(

@@ -184,9 +184,7 @@ def ips_by_vnet(view: StackView) -> dict[str, int]:
         for nic in _vmss_nic(vmss):
             ipcs = nic.get("ipConfigurations") or []
             if ipcs:
-                add(
-                    (ipcs[0].get("subnet") or {}).get("id", ""), int(vmss.tags.get("max", 0) or 0) * len(ipcs)
-                )
+                add((ipcs[0].get("subnet") or {}).get("id", ""), vmss.capacity * len(ipcs))
     for nic in view.of_type(NIC):
         for ipc in nic.props.get("ipConfigurations") or []:
             add((ipc.get("subnet") or {}).get("id", ""), 1)

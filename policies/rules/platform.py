@@ -267,7 +267,7 @@ def _join_rate(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for s in _autoscaled_sets(view):
         pools[s.tags.get("superkube-pool", s.name)].append(s)
     for pool, sets in sorted(pools.items()):
-        nodes = sum(int(s.tags.get("max", "0") or 0) for s in sets if str(s.tags.get("max", "")).isdigit())
+        nodes = sum(s.capacity for s in sets)
         jitters = [join_jitter_seconds((_cloud_init_files(s) or {}).get(JOIN_SCRIPT, "")) or 0 for s in sets]
         jitter = min(jitters) if jitters else 0
         peak = 60 * autoscaling.peak_join_rate_per_second(nodes, int(per_scaleup), int(interval), jitter)

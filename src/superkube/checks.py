@@ -52,6 +52,16 @@ class PlanResource:
     def role(self) -> str | None:
         return self.tags.get("superkube-role")
 
+    @property
+    def capacity(self) -> int:
+        """The most VMs a scale set may hold: its planned capacity, autoscaler maximum or SKU count."""
+        counts = [
+            self.tags.get("superkube-capacity"),
+            self.tags.get("max"),
+            (self.props.get("sku") or {}).get("capacity"),
+        ]
+        return max((int(str(c)) for c in counts if str(c or "").isdigit()), default=0)
+
 
 @dataclass(frozen=True)
 class RuleConfig:
@@ -70,6 +80,7 @@ class RuleConfig:
     # servers are trusted with
     kubernetes_version: str = "1.35.0"
     safe_join_rate_per_minute: int = 300
+    autoscaler_enabled: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "limits": dict(self.limits)}
@@ -87,6 +98,7 @@ class RuleConfig:
                 "group_vars",
                 "kubernetes_version",
                 "safe_join_rate_per_minute",
+                "autoscaler_enabled",
             )
             if k in data
         }
@@ -239,6 +251,7 @@ def rule_config(
         apiserver_count=spec.apiserver_count,
         kubernetes_version=spec.kubernetes_version,
         safe_join_rate_per_minute=spec.safe_join_rate_per_minute,
+        autoscaler_enabled=spec.autoscaler_enabled,
         service_cidr=spec.service_cidr,
         other_spokes_ips=sum(p.ips for p in spec.peered_spokes.values()),
         limits={name: limit.value for name, limit in addresses.limits.items()},

@@ -65,7 +65,9 @@ def test_the_check_step_plans_once_and_reports_every_stack(root: Path, tmp_path:
 
 def test_a_violating_stack_turns_the_verdict_red(root: Path, tmp_path: Path) -> None:
     dev = (root / "stacks" / "Pulumi.dev.yaml").read_text()
-    _, summary_text, outputs = run_check_step(root, tmp_path, dev + "  superkube:autoscaler_enabled: false\n")
+    _, summary_text, outputs = run_check_step(
+        root, tmp_path, dev + "  superkube:safe_join_rate_per_minute: 1\n"
+    )
     assert outputs == "status=1"
     assert "**superkube check** `extra`: FAIL" in summary_text
-    assert "`compute-vmss-autoscaler-tags`" in summary_text
+    assert "`platform-autoscaler-join-rate`" in summary_text
