@@ -10,12 +10,10 @@ from pulumi_azure_native import compute
 
 from modules.common import child, image_reference, linux_ssh_only, require, tagged
 from superkube import cloudinit
-from superkube.autoscaling import NODE_TEMPLATE as AUTOSCALER_TAG
-from superkube.autoscaling import discovery_tags
+from superkube.autoscaling import discovery_tags, template_tag
 from superkube.ipam import ScaleSetPlan
+from superkube.kube import GPU_RESOURCE
 from superkube.spec import NodePool as PoolSpec
-
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,13 +74,13 @@ def autoscaler_tags(
         "max": str(plan.capacity),
     }
     for key, value in labels.items():
-        tags[f"{AUTOSCALER_TAG}_label_{key.replace('/', '_')}"] = value
+        tags[template_tag("label", key)] = value
     for taint in taints:
         key, _, effect = taint.partition(":")
         name, _, value = key.partition("=")
-        tags[f"{AUTOSCALER_TAG}_taint_{name.replace('/', '_')}"] = f"{value}:{effect}"
+        tags[template_tag("taint", name)] = f"{value}:{effect}"
     if pool.gpus_per_node:
-        tags[f"{AUTOSCALER_TAG}_resources_{GPU_RESOURCE.replace('/', '_')}"] = str(pool.gpus_per_node)
+        tags[template_tag("resources", GPU_RESOURCE)] = str(pool.gpus_per_node)
     return tags
 
 

@@ -10,6 +10,7 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.objects import Manifest
 from superkube import autoscaling
+from superkube.cloudinit import ROLE_LABEL
 
 NAME = "cluster-autoscaler"
 NAMESPACE = "kube-system"
@@ -45,7 +46,7 @@ class AutoscalerArgs:
     """Pods below this priority never cause a scale-up (default: -10)."""
     image: str = autoscaling.IMAGE
     """Container image, pinned to the release whose flags are checked (default: the pinned one)."""
-    node_selector: dict[str, str] = field(default_factory=lambda: {"superkube.io/role": "cpu"})
+    node_selector: dict[str, str] = field(default_factory=lambda: {ROLE_LABEL: "cpu"})
     """Where the autoscaler runs (default: cpu nodes, whose identity may scale the sets)."""
 
     def __post_init__(self) -> None:

@@ -20,13 +20,13 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.foundation import BALLOON_PRIORITY, NAMESPACE
 from modules.platform.objects import Manifest
+from superkube.cloudinit import POOL_LABEL
 from superkube.spec import PREFLIGHT_TAINT_KEY
 from superkube.spec import NodePool as PoolSpec
 from superkube.vmsizes import VmSize, fill_one_node
 
 COMPONENT = "balloons"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-POOL_LABEL = "superkube.io/pool"
 
 
 @dataclass(frozen=True, kw_only=True)

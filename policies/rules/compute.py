@@ -8,15 +8,17 @@ from collections.abc import Iterator
 
 import yaml
 
+from superkube.autoscaling import NODE_TEMPLATE, template_tag
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
-from superkube.cloudinit import JOIN_SCRIPT, REGISTRATION_FILE, join_jitter_seconds
-from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
+from superkube.kube import GPU_RESOURCE
+from superkube.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 PREFLIGHT = PREFLIGHT_TAINT_KEY
-TEMPLATE = "k8s.io_cluster-autoscaler_node-template"
-ETCD_DISKS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
+TEMPLATE = NODE_TEMPLATE
+ETCD_DISKS = DISK_SKUS
 
 
 def _os_profile(r: PlanResource) -> dict:
@@ -77,10 +79,7 @@ def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
         if f"{PREFLIGHT}=pending" not in _kubelet_flag(kubelet, "--node-labels"):
             yield Finding("GPU nodes register without the preflight label", s.urn)
         autoscaled = s.tags.get("cluster-autoscaler-enabled") == "true"
-        if (
-            autoscaled
-            and s.tags.get(f"{TEMPLATE}_taint_{PREFLIGHT.replace('/', '_')}") != "pending:NoSchedule"
-        ):
+        if autoscaled and s.tags.get(template_tag("taint", PREFLIGHT)) != "pending:NoSchedule":
             yield Finding(
                 "the autoscaler's node template lacks the preflight taint, so it would plan pods onto new nodes",
                 s.urn,
@@ -107,11 +106,11 @@ def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
         lo, hi = tags.get("min", ""), tags.get("max", "")
         if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
             yield Finding(f"min/max tags are {lo!r}/{hi!r}; both must be counts with min <= max", s.urn)
-        if f"{TEMPLATE}_label_superkube.io_pool" not in tags:
+        if template_tag("label", POOL_LABEL) not in tags:
             yield Finding(
                 "no node-template label tags, so the autoscaler cannot scale this set from zero", s.urn
             )
-        if s.role == "gpu_nodes" and not tags.get(f"{TEMPLATE}_resources_nvidia.com_gpu", "").isdigit():
+        if s.role == "gpu_nodes" and not tags.get(template_tag("resources", GPU_RESOURCE), "").isdigit():
             yield Finding("GPU scale set does not declare its GPUs in the node template", s.urn)
 
 
@@ -168,7 +167,7 @@ RULES = [
         "compute-disk-etcd-premium",
         "high",
         "Every etcd member keeps its data on a premium or ultra data disk.",
-        "Set superkube:etcd_disk_sku to Premium_LRS, PremiumV2_LRS, Premium_ZRS or UltraSSD_LRS.",
+        f"Set superkube:etcd_disk_sku to {', '.join(DISK_SKUS[:-1])} or {DISK_SKUS[-1]}.",
         _etcd_premium_disk,
     ),
     Rule(

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView, networks, subnet_of, vnet_of
+from superkube.ipam import AZURE_RESERVED_PER_SUBNET
 
 NIC = "azure-native:network:NetworkInterface"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -19,7 +20,6 @@ SECURITY_RULE = "azure-native:network:SecurityRule"
 ROUTE = "azure-native:network:Route"
 LB = "azure-native:network:LoadBalancer"
 INTERNET = {"internet", "*", "0.0.0.0/0", "any"}
-AZURE_RESERVED_PER_SUBNET = 5
 
 
 def _vmss_nic(vmss: PlanResource) -> list[dict]:

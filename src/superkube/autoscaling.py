@@ -31,6 +31,12 @@ PRIORITY_CLASS_MAX = 1_000_000_000
 """The highest value a user-defined PriorityClass may have; above it are the system classes."""
 
 
+def template_tag(kind: str, name: str) -> str:
+    """The scale-set tag that tells the autoscaler a node label, taint or resource of a set's nodes
+    (kind `label`, `taint` or `resources`); Azure tag names cannot hold '/', which becomes '_'."""
+    return f"{NODE_TEMPLATE}_{kind}_{name.replace('/', '_')}"
+
+
 def discovery_tags(cluster: str) -> dict[str, str]:
     """The tags that make a scale set one of this cluster's autoscaled node groups."""
     return {"cluster-autoscaler-enabled": "true", "cluster-autoscaler-name": cluster}

@@ -32,6 +32,10 @@ JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
 BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 
 
+POOL_LABEL = "superkube.io/pool"
+"""The node label naming a node's pool: balloons, the autoscaler's templates and policies select on it."""
+ROLE_LABEL = "superkube.io/role"
+"""The node label naming a node's role (gpu or cpu)."""
 JITTER_COMMAND = "shuf -i 0-{seconds} -n 1"
 _JITTER = re.compile(r"shuf -i 0-(\d+) -n 1")
 
@@ -47,8 +51,8 @@ def join_jitter_seconds(join_script: str) -> int | None:
 def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) -> dict[str, str]:
     labels = {
         "superkube.io/cluster": cluster,
-        "superkube.io/pool": pool,
-        "superkube.io/role": role,
+        POOL_LABEL: pool,
+        ROLE_LABEL: role,
     }
     if role == "gpu":
         labels[PREFLIGHT_TAINT_KEY] = "pending"

@@ -30,7 +30,8 @@ _LABEL = re.compile(r"^[a-z][a-z0-9-]{0,18}[a-z0-9]$|^[a-z]$")
 _POOL = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 _TAINT = re.compile(r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
 _SSH_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{40,}( .*)?$")
-_DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "UltraSSD_LRS", "Premium_ZRS")
+DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
+"""Managed disk SKUs fast enough for etcd's fsync-heavy writes (premium or ultra)."""
 
 PREFLIGHT_TAINT_KEY = "superkube.io/preflight"
 
@@ -427,8 +428,8 @@ class ClusterSpec(_Model):
     @field_validator("etcd_disk_sku")
     @classmethod
     def _disk_sku(cls, v: str) -> str:
-        if v not in _DISK_SKUS:
-            raise ValueError(f"{v!r} is not a premium disk SKU; etcd needs one of {', '.join(_DISK_SKUS)}")
+        if v not in DISK_SKUS:
+            raise ValueError(f"{v!r} is not a premium disk SKU; etcd needs one of {', '.join(DISK_SKUS)}")
         return v
 
     @field_validator("apiserver_count")

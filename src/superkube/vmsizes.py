@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from superkube.kube import GPU_RESOURCE
 from superkube.spec import ClusterSpec, SpecError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "vm_sizes.yaml"
@@ -80,5 +81,5 @@ def fill_one_node(vm: VmSize) -> dict[str, str]:
         "memory": f"{vm.memory_gib * 1024 - overhead.memory_mib}Mi",
     }
     if vm.gpus:
-        requests["nvidia.com/gpu"] = str(vm.gpus)
+        requests[GPU_RESOURCE] = str(vm.gpus)
     return requests
