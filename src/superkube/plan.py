@@ -234,11 +234,17 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
             where, "no such stack file", f"use one of: {', '.join(known) or 'none'} (or create it)"
         )
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
         raise SpecError(where, f"is not valid YAML{at}", "fix the YAML syntax") from None
+    if data is None or (isinstance(data, dict) and not data.get("config") and "config" in data):
+        raise SpecError(
+            where,
+            "is empty" if data is None else "has an empty config:",
+            "add a config: mapping with at least superkube:ssh_public_key (stacks/Pulumi.dev.yaml shows the shape)",
+        )
     if not isinstance(data, dict) or not isinstance(data.get("config", {}), dict):
         raise SpecError(
             where, "must be a mapping with a config: mapping", "see stacks/Pulumi.dev.yaml for the shape"
@@ -288,8 +294,15 @@ def spec_from_config(config: dict[str, str], stack: str) -> tuple[ClusterSpec, A
 def load(project: Path, stack: str) -> tuple[dict[str, str], ClusterSpec, AddressPlan]:
     """Read and validate a stack; raises SpecError (one line) before anything runs or is written."""
     config = read_stack_config(project, stack)
-    spec, addresses = spec_from_config(config, stack_name(stack))
-    vmsizes.check(spec)
+    try:
+        spec, addresses = spec_from_config(config, stack_name(stack))
+        vmsizes.check(spec)
+    except SpecError as exc:
+        if "pulumi config set " not in exc.fix:
+            raise
+        # a `pulumi config set` hint must name the stack it is about
+        fix = exc.fix.replace("pulumi config set ", f"pulumi config set -s {stack_name(stack)} ")
+        raise SpecError(exc.key, exc.problem, fix) from None
     return config, spec, addresses
 
 

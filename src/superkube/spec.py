@@ -417,7 +417,7 @@ class ClusterSpec(_Model):
     def _ssh_key(cls, v: str) -> str:
         if not v:
             raise ValueError(
-                'is empty; set it to your team\'s OpenSSH public key (pulumi config set ssh_public_key "ssh-ed25519 AAAA...")'
+                'is empty; set it to your team\'s OpenSSH public key (pulumi config set superkube:ssh_public_key "ssh-ed25519 AAAA...")'
             )
         if not _SSH_KEY.match(v):
             raise ValueError(

@@ -233,3 +233,21 @@ def test_a_real_process_exits_2_without_traceback(write_stack: Callable[..., Pat
 def test_diagram_must_be_svg(tmp_path: Path) -> None:
     result = run_cli(["plan", "--diagram", str(tmp_path / "t.png")])
     assert result.exit_code == 2 and "SVG" in result.stderr
+
+
+@pytest.mark.parametrize(("raw", "says"), [("", "is empty"), ("config:\n", "has an empty config:")])
+def test_an_empty_stack_file_says_it_is_empty(raw: str, says: str, write_stack: Callable[..., Path]) -> None:
+    stack = write_stack({}, raw=raw)
+    result = run_cli(["plan", "--stack", str(stack)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: {stack}: {says}; add a config: mapping with at least superkube:ssh_public_key "
+        "(stacks/Pulumi.dev.yaml shows the shape)"
+    )
+
+
+def test_a_pulumi_config_hint_names_the_stack(write_stack: Callable[..., Path]) -> None:
+    stack = write_stack({"superkube:region": "eastus"}, name="team-a")
+    result = run_cli(["plan", "--stack", str(stack)])
+    assert result.exit_code == 2
+    assert 'pulumi config set -s team-a superkube:ssh_public_key "ssh-ed25519 AAAA..."' in result.stderr
