@@ -203,7 +203,7 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
             f"{row['usable']:,}",
             f"{row['nics']:,}",
             str(row["ips_per_nic"]),
-            f"{row['ips_used']:,}",
+            f"{row['ips_used']:,}" + (" reserved" if row["reserved"] else ""),
             f"{100 * row['ips_used'] / row['usable']:.0f}%",
         )
     out.print(table)

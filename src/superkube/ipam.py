@@ -48,10 +48,11 @@ class SubnetPlan:
     nics: int  # NICs at full capacity
     ips_per_nic: int
     pool: str | None = None
+    reserved: int = 0  # addresses held for hosts superkube does not place (the hub's shared subnet)
 
     @property
     def ips_used(self) -> int:
-        return self.nics * self.ips_per_nic
+        return self.nics * self.ips_per_nic + self.reserved
 
     @property
     def usable(self) -> int:
@@ -148,20 +149,54 @@ def _limits(spec: ClusterSpec) -> dict[str, Limit]:
     return out
 
 
+def _free_block(prefix: int, near: IPv4Network, avoid: list[IPv4Network]) -> IPv4Network | None:
+    """The first /prefix in near's private range, from near's own address on, overlapping none of `avoid`."""
+    private = next(
+        (
+            r
+            for r in (IPv4Network("10.0.0.0/8"), IPv4Network("172.16.0.0/12"), IPv4Network("192.168.0.0/16"))
+            if near.subnet_of(r) and prefix >= r.prefixlen
+        ),
+        None,
+    )
+    if private is None:
+        return None
+    step = 2 ** (32 - prefix)
+    start = int(near.network_address) // step * step
+    candidates = list(range(start, int(private.broadcast_address) + 1, step))
+    candidates += list(range(int(private.network_address), start, step))
+    for base in candidates:
+        block = IPv4Network((base, prefix))
+        if not any(block.overlaps(a) for a in avoid):
+            return block
+    return None
+
+
 def _carve(
-    vnet: str, space: IPv4Network, requests: list[tuple[str, int]], key: str
+    vnet: str,
+    space: IPv4Network,
+    requests: list[tuple[str, int]],
+    key: str,
+    avoid: list[IPv4Network] | None = None,
 ) -> dict[str, IPv4Network]:
     """Place subnets largest first; with power-of-two sizes every placement is aligned, no gaps."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][1])
     need = sum(2 ** (32 - prefix) for _, prefix in requests)
     if need > space.num_addresses or any(prefix < space.prefixlen for _, prefix in requests):
         largest = min(prefix for _, prefix in requests)
-        wanted = max(32 - math.ceil(math.log2(need)), 0)
+        wanted = min(max(32 - math.ceil(math.log2(need)), 0), largest)
+        # a suggestion must itself plan: name a block of that size that overlaps no other range
+        block = _free_block(wanted, space, avoid or [])
+        fix = (
+            f"use a /{wanted} or larger address space that overlaps no other range, e.g. {block}"
+            if block
+            else f"use a /{wanted} or larger address space that overlaps no other range"
+        )
         raise SpecError(
             f"{NAMESPACE}:{key}",
             f"{space} ({_fmt(space.num_addresses)} addresses) cannot hold the {vnet} subnets: they need "
             f"{_fmt(need)} addresses in {len(requests)} subnets (largest /{largest})",
-            f"use a /{min(wanted, largest)} or larger address space",
+            fix,
         )
     cursor = int(space.network_address)
     placed: dict[str, IPv4Network] = {}
@@ -269,11 +304,19 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
             "use fewer, larger pools or raise vnet_subnets with a reason in superkube:limit_overrides",
         )
     spoke_space = IPv4Network(spec.spoke_address_space)
-    spoke_cidrs = _carve("spoke", spoke_space, spoke_requests, "spoke_address_space")
-
     hub_space = IPv4Network(spec.hub_address_space)
+    others = [IPv4Network(spec.service_cidr)] + [
+        IPv4Network(p.address_space) for p in spec.peered_spokes.values()
+    ]
+    # The VNet's IP limit first: no address space can lift it, so a bigger one must not be suggested.
+    vnet_limit = limits["vnet_private_ips"]
+    spoke_nics = sum(n for _, _, n in control) + sum(size * per_nic for _, _, size, per_nic in pool_subnets)
+    if spoke_nics > vnet_limit.value:
+        raise _pool_error(spec, spoke_nics, vnet_limit, f"spoke VNet {spoke_space}: ")
+    spoke_cidrs = _carve("spoke", spoke_space, spoke_requests, "spoke_address_space", [hub_space, *others])
+
     hub_requests = [("nat", MIN_SUBNET_PREFIX), ("shared", spec.hub_shared_subnet_prefix)]
-    hub_cidrs = _carve("hub", hub_space, hub_requests, "hub_address_space")
+    hub_cidrs = _carve("hub", hub_space, hub_requests, "hub_address_space", [spoke_space, *others])
 
     subnets: list[SubnetPlan] = [
         SubnetPlan("hub", "nat", hub_cidrs["nat"], "nat", nics=1, ips_per_nic=1),
@@ -282,8 +325,10 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
             "shared",
             hub_cidrs["shared"],
             "shared",
-            nics=hub_cidrs["shared"].num_addresses - AZURE_RESERVED_PER_SUBNET,
+            nics=0,
             ips_per_nic=1,
+            # other teams' hosts may fill it, so every usable address counts against the limits
+            reserved=hub_cidrs["shared"].num_addresses - AZURE_RESERVED_PER_SUBNET,
         ),
     ]
     subnets += [
@@ -297,7 +342,6 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
 
     spoke_ips = sum(s.ips_used for s in subnets if s.vnet == "spoke")
     hub_ips = sum(s.ips_used for s in subnets if s.vnet == "hub")
-    vnet_limit = limits["vnet_private_ips"]
     if spoke_ips > vnet_limit.value:
         raise _pool_error(spec, spoke_ips, vnet_limit, f"spoke VNet {spoke_space}: ")
     if hub_ips > vnet_limit.value:

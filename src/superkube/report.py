@@ -23,6 +23,7 @@ def address_rows(plan: AddressPlan) -> list[dict[str, Any]]:
             "usable": s.usable,
             "nics": s.nics,
             "ips_per_nic": s.ips_per_nic,
+            "reserved": s.reserved,
             "ips_used": s.ips_used,
         }
         for s in plan.subnets

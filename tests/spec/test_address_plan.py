@@ -52,11 +52,13 @@ def test_every_address_table_figure_matches_the_recorded_resources(any_plan: Pla
         assert row["cidr"] == str(cidr)
         assert row["addresses"] == cidr.num_addresses
         assert row["usable"] == cidr.num_addresses - 5
-        if row["subnet"] == "shared":  # hub workloads: counted at the subnet's full usable size
-            assert (row["nics"], row["ips_per_nic"]) == (cidr.num_addresses - 5, 1)
+        if row["subnet"] == "shared":  # no NICs of ours; held whole for hub workloads
+            assert row["nics"] == 0 and row["subnet"] not in ips
+            assert row["reserved"] == cidr.num_addresses - 5
         else:
             assert (row["nics"], row["ips_per_nic"]) == ips[row["subnet"]], row
-        assert row["ips_used"] == row["nics"] * row["ips_per_nic"]
+            assert row["reserved"] == 0
+        assert row["ips_used"] == row["nics"] * row["ips_per_nic"] + row["reserved"]
         assert row["ips_used"] <= row["usable"], f"{row['subnet']} overfull"
 
 

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from tests.conftest import dev_config
+from tests.conftest import ROOT, dev_config
 
 DEV_POOLS = yaml.safe_load(dev_config()["superkube:node_pools"])
 
@@ -251,3 +251,55 @@ def test_a_pulumi_config_hint_names_the_stack(write_stack: Callable[..., Path]) 
     result = run_cli(["plan", "--stack", str(stack)])
     assert result.exit_code == 2
     assert 'pulumi config set -s team-a superkube:ssh_public_key "ssh-ed25519 AAAA..."' in result.stderr
+
+
+def _apply_suggestion(config: dict[str, Any], error: Any) -> bool:
+    """Apply the concrete value an error's fix names (an address space, a pod-IP count); False if none."""
+    import re
+
+    cidr = re.search(r"e\.g\. (\d+\.\d+\.\d+\.\d+/\d+)", error.fix)
+    if cidr:
+        config[error.key] = cidr.group(1)
+        return True
+    lower = re.search(r"lower pod_ips_per_node of pool '(\w+)' to (\d+)", error.fix) or re.search(
+        r"lower pod_ips_per_node to (\d+)", error.fix
+    )
+    if lower:
+        pools_ = yaml.safe_load(config["superkube:node_pools"])
+        index = int(re.search(r"node_pools\[(\d+)\]", error.key).group(1))  # type: ignore[union-attr]
+        pools_[index]["pod_ips_per_node"] = int(lower.groups()[-1])
+        config["superkube:node_pools"] = yaml.safe_dump(pools_)
+        return True
+    return False
+
+
+SUGGESTING = [
+    ("spoke too small", {"spoke_address_space": "10.64.0.0/17"}, "flagship"),
+    ("spoke too small beside a peered spoke", {"spoke_address_space": "10.64.0.0/16"}, "flagship"),
+    ("too many pod IPs for the VNet", {"node_pools": None}, "flagship"),
+    ("300 pod IPs on a NIC", {"node_pools": pools(pod_ips_per_node=300)}, "dev"),
+]
+
+
+@pytest.mark.parametrize(("changes", "stack"), [c[1:] for c in SUGGESTING], ids=[c[0] for c in SUGGESTING])
+def test_a_suggested_fix_itself_plans(changes: dict[str, Any], stack: str) -> None:
+    from superkube.ipam import plan_addresses
+    from superkube.spec import SpecError, from_config
+
+    config = dict(yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"])
+    for key, value in changes.items():
+        if key == "node_pools" and value is None:  # the flagship's GPU pool with 26 pod IPs per node
+            value = config["superkube:node_pools"].replace("pod_ips_per_node: 7\n", "pod_ips_per_node: 26\n")
+        config[f"superkube:{key}"] = value
+
+    def plan(cfg: dict[str, Any]) -> SpecError | None:
+        try:
+            plan_addresses(from_config({k.partition(":")[2]: v for k, v in cfg.items()}), stack)
+        except SpecError as exc:
+            return exc
+        return None
+
+    error = plan(config)
+    assert error is not None, "the case must start broken"
+    assert _apply_suggestion(config, error), f"the fix names no value to apply: {error}"
+    assert plan(config) is None, f"after applying {error.fix!r}: {plan(config)}"
