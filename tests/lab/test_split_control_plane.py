@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -146,24 +145,12 @@ def _flags(env_text: str) -> dict[str, str]:
     return dict(arg[2:].split("=", 1) for arg in value.split())
 
 
-def _flag_plugin() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "superkube_flags", ROOT / "playbooks/filter_plugins/superkube_flags.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_apiserver_flags_are_kube_apiserver_1_35_flags_and_split_events(
+def test_apiserver_flags_split_events_and_point_at_real_files(
     control_plane: lab.Lab, converged: dict[str, Any]
 ) -> None:
+    # (that every flag is a kube-apiserver 1.35 flag is checked offline, against the release's list;
+    # here: what the flags point at is real on the host)
     flags = _flags(sh(control_plane, "apiservers-1", "cat /etc/kubernetes/kube-apiserver.env"))
-    known = yaml.safe_load((ROOT / "playbooks/roles/kube_component/vars/flags-1.35.yml").read_text())[
-        "kube_component_known_flags"
-    ]["kube-apiserver"]
-    assert _flag_plugin().flag_problems(flags, known) == []
     main = [f"https://{a}:2379" for a in addresses(control_plane, "etcd_main")]
     events = [f"https://{a}:2379" for a in addresses(control_plane, "etcd_events")]
     assert sorted(flags["etcd-servers"].split(",")) == main
