@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from ipaddress import IPv4Address
+from typing import Literal
 
 import pulumi
 from pulumi_azure_native import authorization, managedidentity, resources
@@ -38,6 +40,11 @@ class ClusterArgs:
             "kubeconfig",
             "the in-cluster layer needs the cluster's admin kubeconfig",
         )
+
+
+def etcd_clusters(plan: AddressPlan) -> tuple[tuple[Literal["main", "events"], tuple[IPv4Address, ...]], ...]:
+    """The two etcd clusters and their members' addresses."""
+    return (("main", plan.etcd_main_ips), ("events", plan.etcd_events_ips))
 
 
 VIRTUAL_MACHINE_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
@@ -156,7 +163,7 @@ class Cluster(pulumi.ComponentResource):
                 ),
                 opts=child(self),
             )
-            for role, ips in (("main", plan.etcd_main_ips), ("events", plan.etcd_events_ips))
+            for role, ips in etcd_clusters(plan)
         }
         # The autoscaler resizes scale sets as this identity, which the cpu pools (where it runs) carry.
         self.autoscaler_identity = managedidentity.UserAssignedIdentity(

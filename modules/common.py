@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pulumi
+from pulumi_azure_native import compute, network
 
 ROLE_TAG = "superkube-role"  # Ansible's dynamic inventory groups hosts by this tag
 
@@ -17,22 +18,24 @@ def tagged(tags: Mapping[str, str], **extra: str) -> dict[str, str]:
     return {**tags, **{k.replace("_", "-"): v for k, v in extra.items()}}
 
 
-def image_reference(image: str) -> dict[str, str]:
+def image_reference(image: str) -> compute.ImageReferenceArgs:
     publisher, offer, sku, version = image.split(":")
-    return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
+    return compute.ImageReferenceArgs(publisher=publisher, offer=offer, sku=sku, version=version)
 
 
-def linux_ssh_only(admin_username: str, ssh_public_key: str) -> dict[str, object]:
+def linux_ssh_only(admin_username: str, ssh_public_key: str) -> compute.LinuxConfigurationArgs:
     """Linux login by SSH key only: password authentication is disabled on every VM."""
-    return {
-        "disable_password_authentication": True,
-        "ssh": {
-            "public_keys": [
-                {"path": f"/home/{admin_username}/.ssh/authorized_keys", "key_data": ssh_public_key},
+    return compute.LinuxConfigurationArgs(
+        disable_password_authentication=True,
+        ssh=compute.SshConfigurationArgs(
+            public_keys=[
+                compute.SshPublicKeyArgs(
+                    path=f"/home/{admin_username}/.ssh/authorized_keys", key_data=ssh_public_key
+                )
             ]
-        },
-        "provision_vm_agent": True,
-    }
+        ),
+        provision_vm_agent=True,
+    )
 
 
 def require(condition: bool, field: str, message: str) -> None:
@@ -41,16 +44,16 @@ def require(condition: bool, field: str, message: str) -> None:
         raise ValueError(f"{field}: {message}")
 
 
-def deny_internet_inbound() -> dict[str, object]:
+def deny_internet_inbound() -> network.SecurityRuleArgs:
     """Azure's default rules already admit VNet traffic; this refuses the internet explicitly."""
-    return {
-        "name": "deny-internet-inbound",
-        "priority": 4000,
-        "direction": "Inbound",
-        "access": "Deny",
-        "protocol": "*",
-        "source_address_prefix": "Internet",
-        "source_port_range": "*",
-        "destination_address_prefix": "*",
-        "destination_port_range": "*",
-    }
+    return network.SecurityRuleArgs(
+        name="deny-internet-inbound",
+        priority=4000,
+        direction="Inbound",
+        access="Deny",
+        protocol="*",
+        source_address_prefix="Internet",
+        source_port_range="*",
+        destination_address_prefix="*",
+        destination_port_range="*",
+    )

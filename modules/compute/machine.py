@@ -61,7 +61,8 @@ class Machine(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: MachineArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("superkube:compute:Machine", name, None, opts)
-        ip_configuration: dict[str, object] = {
+        # written as the TypedDict form: the subnet is a bare reference, without SubnetArgs' defaults
+        ip_configuration: network.NetworkInterfaceIPConfigurationArgsDict = {
             "name": "primary",
             "primary": True,
             "subnet": {"id": args.subnet_id},
@@ -83,42 +84,45 @@ class Machine(pulumi.ComponentResource):
             tags=args.tags,
             opts=child(self, depends_on=list(args.depends_on)),
         )
-        storage: dict[str, object] = {
-            "image_reference": image_reference(args.image),
-            "os_disk": {
-                "create_option": "FromImage",
-                "caching": "ReadWrite",
-                "disk_size_gb": args.os_disk_gb,
-                "managed_disk": {"storage_account_type": "Premium_LRS"},
-                "delete_option": "Delete",
-            },
-        }
-        if args.data_disk_gb:
-            storage["data_disks"] = [
-                {
-                    "lun": 0,
-                    "create_option": "Empty",
-                    "disk_size_gb": args.data_disk_gb,
-                    "caching": "None",
-                    "managed_disk": {"storage_account_type": args.data_disk_sku},
-                    "delete_option": "Detach",
-                }
+        storage = compute.StorageProfileArgs(
+            image_reference=image_reference(args.image),
+            os_disk=compute.OSDiskArgs(
+                create_option="FromImage",
+                caching=compute.CachingTypes.READ_WRITE,
+                disk_size_gb=args.os_disk_gb,
+                managed_disk=compute.ManagedDiskParametersArgs(storage_account_type="Premium_LRS"),
+                delete_option="Delete",
+            ),
+            data_disks=[
+                compute.DataDiskArgs(
+                    lun=0,
+                    create_option="Empty",
+                    disk_size_gb=args.data_disk_gb,
+                    caching=compute.CachingTypes.NONE,
+                    managed_disk=compute.ManagedDiskParametersArgs(storage_account_type=args.data_disk_sku),
+                    delete_option="Detach",
+                )
             ]
+            if args.data_disk_gb
+            else None,
+        )
         self.vm = compute.VirtualMachine(
             f"{name}-vm",
             vm_name=args.vm_name,
             resource_group_name=args.resource_group_name,
             location=args.location,
             zones=[args.zone] if args.zone else None,
-            hardware_profile={"vm_size": args.vm_size},
-            network_profile={"network_interfaces": [{"id": self.nic.id, "primary": True}]},
-            os_profile={
-                "computer_name": args.vm_name,
-                "admin_username": args.admin_username,
-                "linux_configuration": linux_ssh_only(args.admin_username, args.ssh_public_key),
-            },
+            hardware_profile=compute.HardwareProfileArgs(vm_size=args.vm_size),
+            network_profile=compute.NetworkProfileArgs(
+                network_interfaces=[compute.NetworkInterfaceReferenceArgs(id=self.nic.id, primary=True)]
+            ),
+            os_profile=compute.OSProfileArgs(
+                computer_name=args.vm_name,
+                admin_username=args.admin_username,
+                linux_configuration=linux_ssh_only(args.admin_username, args.ssh_public_key),
+            ),
             storage_profile=storage,
-            additional_capabilities={"ultra_ssd_enabled": True}
+            additional_capabilities=compute.AdditionalCapabilitiesArgs(ultra_ssd_enabled=True)
             if args.data_disk_sku == "UltraSSD_LRS"
             else None,
             tags=args.tags,

@@ -111,17 +111,16 @@ class NodePool(pulumi.ComponentResource):
         )
         self.scale_sets: list[compute.VirtualMachineScaleSet] = []
         for plan in args.scale_sets:
-            subnet = {"id": args.subnet_ids[plan.subnet]}
+            subnet = compute.ApiEntityReferenceArgs(id=args.subnet_ids[plan.subnet])
             ip_configurations = [
-                {"name": "primary", "primary": True, "subnet": subnet, "private_ip_address_version": "IPv4"}
+                compute.VirtualMachineScaleSetIPConfigurationArgs(
+                    name="primary", primary=True, subnet=subnet, private_ip_address_version="IPv4"
+                )
             ]
             ip_configurations += [
-                {
-                    "name": f"pod-{i:03d}",
-                    "primary": False,
-                    "subnet": subnet,
-                    "private_ip_address_version": "IPv4",
-                }
+                compute.VirtualMachineScaleSetIPConfigurationArgs(
+                    name=f"pod-{i:03d}", primary=False, subnet=subnet, private_ip_address_version="IPv4"
+                )
                 for i in range(1, pool.pod_ips_per_node + 1)
             ]
             tags = tagged(
@@ -141,48 +140,47 @@ class NodePool(pulumi.ComponentResource):
                     resource_group_name=args.resource_group_name,
                     location=args.location,
                     zones=list(plan.zones),
-                    sku={
-                        "name": pool.vm_size,
-                        "tier": "Standard",
-                        "capacity": plan.min_nodes,
-                    },
+                    sku=compute.SkuArgs(name=pool.vm_size, tier="Standard", capacity=plan.min_nodes),
                     overprovision=False,
                     single_placement_group=False,
                     platform_fault_domain_count=1,
-                    upgrade_policy={"mode": "Manual"},
-                    virtual_machine_profile={
-                        "os_profile": {
-                            "computer_name_prefix": f"{pool.name}{plan.index}-",
-                            "admin_username": args.admin_username,
-                            "linux_configuration": linux_ssh_only(args.admin_username, args.ssh_public_key),
-                            "custom_data": custom_data,
-                        },
-                        "storage_profile": {
-                            "image_reference": image_reference(pool.image),
-                            "os_disk": {
-                                "create_option": "FromImage",
-                                "caching": "ReadOnly",
-                                "disk_size_gb": pool.os_disk_gb,
-                                "managed_disk": {"storage_account_type": "Premium_LRS"},
-                            },
-                        },
-                        "network_profile": {
-                            "network_interface_configurations": [
-                                {
-                                    "name": "primary",
-                                    "primary": True,
-                                    "enable_accelerated_networking": True,
-                                    "enable_ip_forwarding": False,
-                                    "ip_configurations": ip_configurations,
-                                }
+                    upgrade_policy=compute.UpgradePolicyArgs(mode=compute.UpgradeMode.MANUAL),
+                    virtual_machine_profile=compute.VirtualMachineScaleSetVMProfileArgs(
+                        os_profile=compute.VirtualMachineScaleSetOSProfileArgs(
+                            computer_name_prefix=f"{pool.name}{plan.index}-",
+                            admin_username=args.admin_username,
+                            linux_configuration=linux_ssh_only(args.admin_username, args.ssh_public_key),
+                            custom_data=custom_data,
+                        ),
+                        storage_profile=compute.VirtualMachineScaleSetStorageProfileArgs(
+                            image_reference=image_reference(pool.image),
+                            os_disk=compute.VirtualMachineScaleSetOSDiskArgs(
+                                create_option="FromImage",
+                                caching=compute.CachingTypes.READ_ONLY,
+                                disk_size_gb=pool.os_disk_gb,
+                                managed_disk=compute.VirtualMachineScaleSetManagedDiskParametersArgs(
+                                    storage_account_type="Premium_LRS"
+                                ),
+                            ),
+                        ),
+                        network_profile=compute.VirtualMachineScaleSetNetworkProfileArgs(
+                            network_interface_configurations=[
+                                compute.VirtualMachineScaleSetNetworkConfigurationArgs(
+                                    name="primary",
+                                    primary=True,
+                                    enable_accelerated_networking=True,
+                                    enable_ip_forwarding=False,
+                                    ip_configurations=ip_configurations,
+                                )
                             ]
-                        },
-                    },
-                    identity=(
-                        {"type": "UserAssigned", "user_assigned_identities": [args.identity_id]}
-                        if args.identity_id is not None
-                        else None
+                        ),
                     ),
+                    identity=compute.VirtualMachineScaleSetIdentityArgs(
+                        type=compute.ResourceIdentityType.USER_ASSIGNED,
+                        user_assigned_identities=[args.identity_id],
+                    )
+                    if args.identity_id is not None
+                    else None,
                     tags=tags,
                     opts=child(self, ignore_changes=["sku.capacity"]),
                 )

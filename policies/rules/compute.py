@@ -37,7 +37,7 @@ def _cloud_init_files(vmss: PlanResource) -> dict[str, str] | None:
         doc = decode(data)
     except (ValueError, binascii.Error, UnicodeDecodeError, yaml.YAMLError):
         return None
-    return {f.get("path", ""): f.get("content", "") for f in doc.get("write_files") or []}  # type: ignore[union-attr]
+    return {f.get("path", ""): f.get("content", "") for f in doc.get("write_files") or []}
 
 
 def _no_password_login(view: StackView, config: RuleConfig) -> Iterator[Finding]:

@@ -60,7 +60,7 @@ def _rendered(view: StackView, config: RuleConfig) -> _Rendered:
     cached = getattr(view, "_wiring", None)
     if cached is None or cached[0] != key:
         cached = (key, _Rendered(view, config))
-        view._wiring = cached  # type: ignore[attr-defined]
+        view._wiring = cached
     rendered: _Rendered = cached[1]
     return rendered
 
