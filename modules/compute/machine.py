@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 from pulumi_azure_native import compute, network
@@ -130,3 +131,29 @@ class Machine(pulumi.ComponentResource):
         )
         self.private_ip = args.private_ip
         self.register_outputs({"vm_id": self.vm.id, "nic_id": self.nic.id, "private_ip": args.private_ip})
+
+
+def members(
+    owner: pulumi.ComponentResource,
+    name: str,
+    *,
+    vm_prefix: str,
+    member_ips: Sequence[str],
+    zones: Sequence[str],
+    **common: Any,
+) -> list[Machine]:
+    """One Machine per address, named `<vm_prefix>-<i>` and spread over `zones` in turn (API servers and
+    etcd members alike); `common` holds the MachineArgs every member shares."""
+    return [
+        Machine(
+            f"{name}-{i}",
+            MachineArgs(
+                vm_name=f"{vm_prefix}-{i}",
+                private_ip=ip,
+                zone=zones[i % len(zones)] if zones else None,
+                **common,
+            ),
+            opts=child(owner),
+        )
+        for i, ip in enumerate(member_ips)
+    ]

@@ -9,7 +9,7 @@ import pulumi
 from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
-from modules.compute.machine import Machine, MachineArgs
+from modules.compute.machine import members
 from superkube.kube import APISERVER_PORT as API_PORT
 
 
@@ -108,26 +108,21 @@ class ApiServers(pulumi.ComponentResource):
             tags=tags,
             opts=child(self),
         )
-        self.members = [
-            Machine(
-                f"{name}-{i}",
-                MachineArgs(
-                    vm_name=f"apiserver-{args.cluster}-{i}",
-                    location=args.location,
-                    resource_group_name=args.resource_group_name,
-                    subnet_id=args.subnet_id,
-                    private_ip=ip,
-                    vm_size=args.vm_size,
-                    admin_username=args.admin_username,
-                    ssh_public_key=args.ssh_public_key,
-                    zone=args.zones[i % len(args.zones)] if args.zones else None,
-                    backend_pool_ids=[pool_id],
-                    depends_on=[self.load_balancer],
-                    tags=tags,
-                ),
-                opts=child(self),
-            )
-            for i, ip in enumerate(args.member_ips)
-        ]
+        self.members = members(
+            self,
+            name,
+            vm_prefix=f"apiserver-{args.cluster}",
+            member_ips=args.member_ips,
+            zones=args.zones,
+            location=args.location,
+            resource_group_name=args.resource_group_name,
+            subnet_id=args.subnet_id,
+            vm_size=args.vm_size,
+            admin_username=args.admin_username,
+            ssh_public_key=args.ssh_public_key,
+            backend_pool_ids=[pool_id],
+            depends_on=[self.load_balancer],
+            tags=tags,
+        )
         self.endpoint = f"https://{args.frontend_ip}:{API_PORT}"
         self.register_outputs({"endpoint": self.endpoint, "load_balancer_id": self.load_balancer.id})

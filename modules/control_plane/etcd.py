@@ -8,8 +8,8 @@ from typing import Literal
 
 import pulumi
 
-from modules.common import child, require, tagged
-from modules.compute.machine import Machine, MachineArgs
+from modules.common import require, tagged
+from modules.compute.machine import Machine, members
 from superkube.kube import ETCD_CLIENT_PORT as CLIENT_PORT
 
 
@@ -58,27 +58,21 @@ class EtcdCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: EtcdClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("superkube:control_plane:EtcdCluster", name, None, opts)
-        self.members: list[Machine] = []
-        for i, ip in enumerate(args.member_ips):
-            self.members.append(
-                Machine(
-                    f"{name}-{i}",
-                    MachineArgs(
-                        vm_name=f"etcd-{args.role}-{args.cluster}-{i}",
-                        location=args.location,
-                        resource_group_name=args.resource_group_name,
-                        subnet_id=args.subnet_id,
-                        private_ip=ip,
-                        vm_size=args.vm_size,
-                        admin_username=args.admin_username,
-                        ssh_public_key=args.ssh_public_key,
-                        zone=args.zones[i % len(args.zones)] if args.zones else None,
-                        data_disk_gb=args.disk_gb,
-                        data_disk_sku=args.disk_sku,
-                        tags=tagged(args.tags, superkube_role=f"etcd_{args.role}"),
-                    ),
-                    opts=child(self),
-                )
-            )
+        self.members: list[Machine] = members(
+            self,
+            name,
+            vm_prefix=f"etcd-{args.role}-{args.cluster}",
+            member_ips=args.member_ips,
+            zones=args.zones,
+            location=args.location,
+            resource_group_name=args.resource_group_name,
+            subnet_id=args.subnet_id,
+            vm_size=args.vm_size,
+            admin_username=args.admin_username,
+            ssh_public_key=args.ssh_public_key,
+            data_disk_gb=args.disk_gb,
+            data_disk_sku=args.disk_sku,
+            tags=tagged(args.tags, superkube_role=f"etcd_{args.role}"),
+        )
         self.client_urls = [f"https://{ip}:{CLIENT_PORT}" for ip in args.member_ips]
         self.register_outputs({"client_urls": self.client_urls})

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_azure_native import network
 
-from modules.common import child, deny_internet_inbound, require, tagged
+from modules.common import child, require, tagged
+from modules.network import vnet
 from superkube.ipam import SubnetPlan
 
 
@@ -46,25 +47,6 @@ class Hub(pulumi.ComponentResource):
     def __init__(self, name: str, args: HubArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("superkube:network:Hub", name, None, opts)
         tags = tagged(args.tags, superkube_role="hub")
-        vnet_name = f"vnet-{args.cluster}-hub"
-        self.vnet = network.VirtualNetwork(
-            f"{name}-vnet",
-            virtual_network_name=vnet_name,
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            address_space={"address_prefixes": [args.address_space]},
-            tags=tags,
-            opts=child(self, ignore_changes=["subnets", "virtualNetworkPeerings"]),
-        )
-        self.nsg = network.NetworkSecurityGroup(
-            f"{name}-nsg",
-            network_security_group_name=f"nsg-{args.cluster}-hub",
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            security_rules=[deny_internet_inbound()],
-            tags=tags,
-            opts=child(self),
-        )
         self.route_table = network.RouteTable(
             f"{name}-routes",
             route_table_name=f"rt-{args.cluster}-hub-shared",
@@ -74,18 +56,19 @@ class Hub(pulumi.ComponentResource):
             tags=tags,
             opts=child(self, ignore_changes=["routes"]),
         )
-        self.subnets: dict[str, network.Subnet] = {}
-        for plan in args.subnets:
-            self.subnets[plan.name] = network.Subnet(
-                f"{name}-{plan.name}",
-                subnet_name=plan.name,
-                resource_group_name=args.resource_group_name,
-                virtual_network_name=self.vnet.name,
-                address_prefix=str(plan.cidr),
-                network_security_group={"id": self.nsg.id},
-                route_table={"id": self.route_table.id} if plan.name == "shared" else None,
-                opts=child(self),
-            )
+        built = vnet.build(
+            self,
+            name,
+            vnet_name=f"vnet-{args.cluster}-hub",
+            nsg_name=f"nsg-{args.cluster}-hub",
+            resource_group_name=args.resource_group_name,
+            location=args.location,
+            address_space=args.address_space,
+            subnets=args.subnets,
+            tags=tags,
+            route_tables={"shared": self.route_table.id},
+        )
+        self.vnet, self.nsg, self.subnets = built.vnet, built.nsg, built.subnets
         self.vnet_name = self.vnet.name
         self.route_table_name = self.route_table.name
         self.register_outputs(

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_azure_native import network
 
-from modules.common import child, deny_internet_inbound, require, tagged
+from modules.common import child, require, tagged
+from modules.network import vnet
 from superkube.ipam import SubnetPlan
 
 
@@ -49,35 +50,18 @@ class Spoke(pulumi.ComponentResource):
     def __init__(self, name: str, args: SpokeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("superkube:network:Spoke", name, None, opts)
         tags = tagged(args.tags, superkube_role="spoke")
-        self.vnet = network.VirtualNetwork(
-            f"{name}-vnet",
-            virtual_network_name=f"vnet-{args.cluster}",
+        built = vnet.build(
+            self,
+            name,
+            vnet_name=f"vnet-{args.cluster}",
+            nsg_name=f"nsg-{args.cluster}",
             resource_group_name=args.resource_group_name,
             location=args.location,
-            address_space={"address_prefixes": [args.address_space]},
+            address_space=args.address_space,
+            subnets=args.subnets,
             tags=tags,
-            opts=child(self, ignore_changes=["subnets", "virtualNetworkPeerings"]),
         )
-        self.nsg = network.NetworkSecurityGroup(
-            f"{name}-nsg",
-            network_security_group_name=f"nsg-{args.cluster}",
-            resource_group_name=args.resource_group_name,
-            location=args.location,
-            security_rules=[deny_internet_inbound()],
-            tags=tags,
-            opts=child(self),
-        )
-        self.subnets: dict[str, network.Subnet] = {}
-        for plan in args.subnets:
-            self.subnets[plan.name] = network.Subnet(
-                f"{name}-{plan.name}",
-                subnet_name=plan.name,
-                resource_group_name=args.resource_group_name,
-                virtual_network_name=self.vnet.name,
-                address_prefix=str(plan.cidr),
-                network_security_group={"id": self.nsg.id},
-                opts=child(self),
-            )
+        self.vnet, self.nsg, self.subnets = built.vnet, built.nsg, built.subnets
         # Both directions, hub<->spoke only. Forwarded traffic is allowed so replies through the
         # hub's NAT host come back; gateway transit stays off.
         self.to_hub = network.VirtualNetworkPeering(
