@@ -12,7 +12,7 @@ from modules.common import child, image_reference, linux_ssh_only, require, tagg
 from superkube import cloudinit
 from superkube.autoscaling import discovery_tags, template_tag
 from superkube.ipam import ScaleSetPlan
-from superkube.kube import GPU_RESOURCE
+from superkube.kube import GPU_RESOURCE, pool_group
 from superkube.spec import NodePool as PoolSpec
 
 
@@ -125,7 +125,7 @@ class NodePool(pulumi.ComponentResource):
             ]
             tags = tagged(
                 args.tags,
-                superkube_role=f"{pool.role}_nodes",
+                superkube_role=pool_group(pool.role),
                 superkube_pool=pool.name,
                 superkube_pod_ips=str(pool.pod_ips_per_node),
                 # the most VMs the plan lets this set hold, whether or not the autoscaler manages it

@@ -11,6 +11,7 @@ from pulumi_azure_native import network
 from modules.common import child, require, tagged
 from modules.compute.machine import members
 from superkube.kube import APISERVER_PORT as API_PORT
+from superkube.kube import APISERVERS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +65,7 @@ class ApiServers(pulumi.ComponentResource):
         frontend_id = pulumi.Output.concat(lb_id, "/frontendIPConfigurations/apiserver")
         pool_id = pulumi.Output.concat(lb_id, "/backendAddressPools/apiservers")
         probe_id = pulumi.Output.concat(lb_id, "/probes/apiserver-readyz")
-        tags = tagged(args.tags, superkube_role="apiservers")
+        tags = tagged(args.tags, superkube_role=APISERVERS)
         self.load_balancer = network.LoadBalancer(
             f"{name}-lb",
             load_balancer_name=lb_name,

@@ -11,6 +11,7 @@ import pulumi
 from modules.common import require, tagged
 from modules.compute.machine import Machine, members
 from superkube.kube import ETCD_CLIENT_PORT as CLIENT_PORT
+from superkube.kube import etcd_group
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +73,7 @@ class EtcdCluster(pulumi.ComponentResource):
             ssh_public_key=args.ssh_public_key,
             data_disk_gb=args.disk_gb,
             data_disk_sku=args.disk_sku,
-            tags=tagged(args.tags, superkube_role=f"etcd_{args.role}"),
+            tags=tagged(args.tags, superkube_role=etcd_group(args.role)),
         )
         self.client_urls = [f"https://{ip}:{CLIENT_PORT}" for ip in args.member_ips]
         self.register_outputs({"client_urls": self.client_urls})

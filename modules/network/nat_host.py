@@ -9,6 +9,7 @@ from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
 from modules.compute.machine import Machine, MachineArgs
+from superkube.kube import NAT_HOST
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,7 @@ class NatHost(pulumi.ComponentResource):
                 admin_username=args.admin_username,
                 ssh_public_key=args.ssh_public_key,
                 ip_forwarding=True,
-                tags=tagged(args.tags, superkube_role="nat_host"),
+                tags=tagged(args.tags, superkube_role=NAT_HOST),
             ),
             opts=child(self),
         )

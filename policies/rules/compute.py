@@ -11,7 +11,7 @@ import yaml
 from superkube.autoscaling import NODE_TEMPLATE, template_tag
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
-from superkube.kube import GPU_RESOURCE
+from superkube.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GPU_RESOURCE
 from superkube.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
 
 VM = "azure-native:compute:VirtualMachine"
@@ -72,7 +72,7 @@ def _kubelet_flag(kubelet_env: str, flag: str) -> list[str]:
 
 
 def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    for s in view.with_role(VMSS, "gpu_nodes"):
+    for s in view.with_role(VMSS, GPU_NODES):
         kubelet = (_cloud_init_files(s) or {}).get(REGISTRATION_FILE, "")
         if f"{PREFLIGHT}=pending:NoSchedule" not in _kubelet_flag(kubelet, "--register-with-taints"):
             yield Finding("GPU nodes register without the preflight taint", s.urn)
@@ -110,12 +110,12 @@ def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             yield Finding(
                 "no node-template label tags, so the autoscaler cannot scale this set from zero", s.urn
             )
-        if s.role == "gpu_nodes" and not tags.get(template_tag("resources", GPU_RESOURCE), "").isdigit():
+        if s.role == GPU_NODES and not tags.get(template_tag("resources", GPU_RESOURCE), "").isdigit():
             yield Finding("GPU scale set does not declare its GPUs in the node template", s.urn)
 
 
 def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    for vm in view.with_role(VM, "etcd_main") + view.with_role(VM, "etcd_events"):
+    for vm in view.with_role(VM, ETCD_MAIN) + view.with_role(VM, ETCD_EVENTS):
         disks = (vm.props.get("storageProfile") or {}).get("dataDisks") or []
         if not disks:
             yield Finding("etcd member has no data disk for its data dir", vm.urn)

@@ -9,6 +9,7 @@ from typing import Any
 
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView, networks, subnet_of, vnet_of
 from superkube.ipam import AZURE_RESERVED_PER_SUBNET
+from superkube.kube import NAT_HOST
 
 NIC = "azure-native:network:NetworkInterface"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -108,7 +109,7 @@ def _nsg_deny_internet(view: StackView, config: RuleConfig) -> Iterator[Finding]
 
 
 def _nat_nics(view: StackView) -> list[PlanResource]:
-    return view.with_role(NIC, "nat_host")
+    return view.with_role(NIC, NAT_HOST)
 
 
 def _route_via_nat(view: StackView, config: RuleConfig) -> Iterator[Finding]:

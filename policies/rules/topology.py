@@ -6,17 +6,19 @@ import re
 from collections.abc import Iterator
 
 from superkube.checks import Finding, Rule, RuleConfig, StackView
+from superkube.kube import APISERVERS, ETCD_EVENTS, ETCD_MAIN
+from superkube.spec import is_quorum_size
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 GPU_SIZE = re.compile(r"^Standard_N", re.IGNORECASE)  # the N families are Azure's GPU VM sizes
-CONTROL_ROLES = ("apiservers", "etcd_main", "etcd_events")
+CONTROL_ROLES = (APISERVERS, ETCD_MAIN, ETCD_EVENTS)
 
 
 def _apiserver_count(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    apis = view.with_role(VM, "apiservers")
+    apis = view.with_role(VM, APISERVERS)
     expected = config.apiserver_count
-    if expected < 3 or expected % 2 == 0:
+    if not is_quorum_size(expected):
         yield Finding(
             f"the stack configures {expected} API servers; only 5, or an odd count >= 3, is allowed"
         )
@@ -35,22 +37,22 @@ def _quorum(view: StackView, role: str, label: str) -> Iterator[Finding]:
 
 
 def _etcd_main_quorum(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    yield from _quorum(view, "etcd_main", "etcd main")
+    yield from _quorum(view, ETCD_MAIN, "etcd main")
 
 
 def _etcd_events_present(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    yield from _quorum(view, "etcd_events", "etcd events")
+    yield from _quorum(view, ETCD_EVENTS, "etcd events")
 
 
 def _etcd_events_separate(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    main = view.with_role(VM, "etcd_main")
-    events = view.with_role(VM, "etcd_events")
+    main = view.with_role(VM, ETCD_MAIN)
+    events = view.with_role(VM, ETCD_EVENTS)
     shared = {v.props.get("vmName") for v in main} & {v.props.get("vmName") for v in events}
     for name in sorted(n for n in shared if n):
         yield Finding(f"VM {name} serves both etcd main and etcd events")
     for vm in view.of_type(VM):
         roles = {t for k, t in vm.tags.items() if k.startswith("superkube-role")}
-        if {"etcd_main", "etcd_events"} <= roles:
+        if {ETCD_MAIN, ETCD_EVENTS} <= roles:
             yield Finding("one VM carries both etcd roles", vm.urn)
 
     def placement(vms: list) -> tuple[set[str], set[str]]:

@@ -15,6 +15,7 @@ from policies.rules.compute import TEMPLATE, _cloud_init_files, _kubelet_flag
 from superkube import kube, reference, wiring
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
+from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
 
 LB = "azure-native:network:LoadBalancer"
 ROUTE = "azure-native:network:Route"
@@ -26,12 +27,12 @@ KUBECONFIG_URLS = {
     "kube_proxy": "kube_proxy_apiserver_url",
 }
 ROLE_HOSTS = {
-    "kube_apiserver": ("apiservers",),
-    "kube_controller_manager": ("apiservers",),
-    "gang_scheduler": ("apiservers",),
-    "kube_pki": ("apiservers",),
-    "kubelet": ("gpu_nodes", "cpu_nodes"),
-    "kube_proxy": ("gpu_nodes", "cpu_nodes", "nat_host"),
+    "kube_apiserver": (APISERVERS,),
+    "kube_controller_manager": (APISERVERS,),
+    "gang_scheduler": (APISERVERS,),
+    "kube_pki": (APISERVERS,),
+    "kubelet": (GPU_NODES, CPU_NODES),
+    "kube_proxy": (GPU_NODES, CPU_NODES, NAT_HOST),
 }
 
 
@@ -108,9 +109,9 @@ def _api_endpoint(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
                 yield Finding(
                     f"{role} points its kubeconfig at {got}, not the load balancer {want}", host.urn
                 )
-    for host in r.of("apiservers")[:1]:
+    for host in r.of(APISERVERS)[:1]:
         sans = set(r.var("kube_pki", host, "kube_pki_apiserver_ips"))
-        apis = {h.address for h in r.of("apiservers")}
+        apis = {h.address for h in r.of(APISERVERS)}
         service = kube.service_ip(config.service_cidr) if config.service_cidr else None
         missing = sorted(({lb} | apis | ({service} if service else set())) - sans)
         if missing:
@@ -122,7 +123,7 @@ def _api_endpoint(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
 @_rendering
 def _service_cidr(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
     want = config.service_cidr
-    for host in r.of("apiservers")[:1]:
+    for host in r.of(APISERVERS)[:1]:
         for role, name in (
             ("kube_apiserver", "kube_apiserver_all_flags"),
             ("kube_controller_manager", "kube_controller_manager_all_flags"),
@@ -130,7 +131,7 @@ def _service_cidr(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
             got = r.var(role, host, name).get("service-cluster-ip-range")
             if got != want:
                 yield Finding(f"{role} serves service range {got}, the stack {want}", host.urn)
-    for host in r.of("gpu_nodes", "cpu_nodes")[:1]:
+    for host in r.of(GPU_NODES, CPU_NODES)[:1]:
         dns = r.var("kubelet", host, "kubelet_all_config").get("clusterDNS") or []
         if want and not all(ipaddress.ip_address(d) in ipaddress.ip_network(want) for d in dns):
             yield Finding(f"the kubelet's cluster DNS {dns} is outside the service range {want}", host.urn)
@@ -141,9 +142,9 @@ def _service_cidr(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
 
 @_rendering
 def _etcd_urls(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
-    main = sorted(kube.etcd_urls([h.address for h in r.of("etcd_main")]))
-    events = sorted(kube.etcd_urls([h.address for h in r.of("etcd_events")]))
-    for host in r.of("apiservers")[:1]:
+    main = sorted(kube.etcd_urls([h.address for h in r.of(ETCD_MAIN)]))
+    events = sorted(kube.etcd_urls([h.address for h in r.of(ETCD_EVENTS)]))
+    for host in r.of(APISERVERS)[:1]:
         flags = r.var("kube_apiserver", host, "kube_apiserver_all_flags")
         got_main = sorted(str(flags.get("etcd-servers", "")).split(","))
         override = str(flags.get("etcd-servers-overrides", ""))
@@ -168,7 +169,7 @@ def _vmss(view: StackView, host: wiring.PlanHost) -> PlanResource:
 
 @_rendering
 def _max_pods(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
-    for host in r.of("gpu_nodes", "cpu_nodes"):
+    for host in r.of(GPU_NODES, CPU_NODES):
         vmss = _vmss(view, host)
         nics = ((vmss.props.get("virtualMachineProfile") or {}).get("networkProfile") or {}).get(
             "networkInterfaceConfigurations"
@@ -186,7 +187,7 @@ def _max_pods(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
 
 @_rendering
 def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
-    for host in r.of("gpu_nodes", "cpu_nodes"):
+    for host in r.of(GPU_NODES, CPU_NODES):
         vmss = _vmss(view, host)
         registration = (_cloud_init_files(vmss) or {}).get(REGISTRATION_FILE, "")
         labels = {
@@ -239,7 +240,7 @@ def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
 @_rendering
 def _cluster_name(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
     want = config.cluster
-    for host in r.of("apiservers")[:1]:
+    for host in r.of(APISERVERS)[:1]:
         got = r.var("kube_controller_manager", host, "kube_controller_manager_all_flags").get("cluster-name")
         if got != want:
             yield Finding(f"kube-controller-manager names the cluster {got!r}, the stack {want!r}", host.urn)
@@ -253,11 +254,11 @@ def _cluster_name(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
 def _component_configs(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
     version = str(wiring.inventory_vars(config.inventory).get("superkube_kubernetes_version", ""))
     documents = []
-    for host in r.of("gpu_nodes", "cpu_nodes")[:1]:
+    for host in r.of(GPU_NODES, CPU_NODES)[:1]:
         documents.append((host, r.var("kubelet", host, "kubelet_all_config")))
-    for host in r.of("gpu_nodes", "cpu_nodes", "nat_host")[:1]:
+    for host in r.of(GPU_NODES, CPU_NODES, NAT_HOST)[:1]:
         documents.append((host, r.var("kube_proxy", host, "kube_proxy_all_config")))
-    for host in r.of("apiservers")[:1]:
+    for host in r.of(APISERVERS)[:1]:
         assert r.engine is not None
         documents.append(
             (host, yaml.safe_load(r.engine.template("gang_scheduler", host, "scheduler-config.yaml.j2")))

@@ -18,7 +18,7 @@ from superkube.ipam import AddressPlan
 from superkube.spec import ClusterSpec
 
 # The groups every inventory has, lab or Azure: the values of the superkube-role tag.
-GROUPS = ("gpu_nodes", "cpu_nodes", "nat_host", "etcd_main", "etcd_events", "apiservers")
+GROUPS = kube.GROUPS
 
 
 def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:

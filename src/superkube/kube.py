@@ -110,3 +110,24 @@ def apf_seats(shares: int, total_concurrency: int) -> int:
     """Concurrency seats a priority level with `shares` gets on one API server (rounded up, as upstream)."""
     total_shares = shares + sum(APF_BUILTIN_SHARES.values())
     return -(-total_concurrency * shares // total_shares)
+
+
+# Inventory groups: the values of the superkube-role tag the Pulumi program writes on every VM and
+# scale set, which the Azure dynamic inventory (and the lab's) groups hosts by.
+GPU_NODES = "gpu_nodes"
+CPU_NODES = "cpu_nodes"
+NAT_HOST = "nat_host"
+ETCD_MAIN = "etcd_main"
+ETCD_EVENTS = "etcd_events"
+APISERVERS = "apiservers"
+GROUPS = (GPU_NODES, CPU_NODES, NAT_HOST, ETCD_MAIN, ETCD_EVENTS, APISERVERS)
+
+
+def pool_group(role: str) -> str:
+    """The group of a node pool's hosts: gpu pools in gpu_nodes, cpu pools in cpu_nodes."""
+    return f"{role}_nodes"
+
+
+def etcd_group(role: str) -> str:
+    """The group of an etcd cluster's members: etcd_main or etcd_events."""
+    return f"etcd_{role}"

@@ -34,6 +34,7 @@ import yaml
 
 from superkube.inventory import GROUPS, cluster_facts
 from superkube.ipam import FIRST_HOST_OFFSET
+from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
 
 PREFIX = "sklab"
 SWITCH = f"{PREFIX}-switch"
@@ -276,7 +277,7 @@ def _groups_of(nodes: int | dict[str, int]) -> list[str]:
     """The group of each cluster host, in boot order."""
     if isinstance(nodes, dict):
         return [g for g in GROUPS for _ in range(nodes.get(g, 0))]
-    return [GROUPS[i] if i < len(GROUPS) else ("gpu_nodes", "cpu_nodes")[i % 2] for i in range(nodes)]
+    return [GROUPS[i] if i < len(GROUPS) else (GPU_NODES, CPU_NODES)[i % 2] for i in range(nodes)]
 
 
 def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str, Any]]:
@@ -287,15 +288,15 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
     root = planning.find_project()
     _, spec, addresses = planning.load(root, LAB_STACK)
     by_group = {
-        "etcd_main": addresses.subnet("etcd-main"),
-        "etcd_events": addresses.subnet("etcd-events"),
-        "apiservers": addresses.subnet("apiservers"),
+        ETCD_MAIN: addresses.subnet("etcd-main"),
+        ETCD_EVENTS: addresses.subnet("etcd-events"),
+        APISERVERS: addresses.subnet(APISERVERS),
     }
     # control-plane hosts take the plan's own member IPs (not the load balancer's frontend)
     members = {
-        "etcd_main": list(addresses.etcd_main_ips),
-        "etcd_events": list(addresses.etcd_events_ips),
-        "apiservers": list(addresses.apiserver_ips),
+        ETCD_MAIN: list(addresses.etcd_main_ips),
+        ETCD_EVENTS: list(addresses.etcd_events_ips),
+        APISERVERS: list(addresses.apiserver_ips),
     }
     used: dict[str, int] = {}
     hosts: list[Host] = []
@@ -318,7 +319,7 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
     for group in _groups_of(nodes):
         counts[group] = counts.get(group, 0) + 1
         name = f"{group.removesuffix('_nodes').replace('_', '-')}-{counts[group]}"
-        if group == "nat_host":
+        if group == NAT_HOST:
             if counts[group] > 1:
                 raise LabError(f"--hosts: the {LAB_STACK} plan has one NAT host; ask for nat_host=1")
             place("nat", group, addresses.subnet("nat").cidr, addresses.nat_host_ip)
@@ -340,7 +341,7 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
         "route_tables": [
             [str(addresses.subnet("shared").cidr), spec.service_cidr, str(addresses.nat_host_ip)]
         ]
-        if any(h.group == "nat_host" for h in hosts)
+        if any(h.group == NAT_HOST for h in hosts)
         else [],
     }
     return hosts, subnets, facts
@@ -558,7 +559,7 @@ LAB_SERVICE_PORT = 8080
 
 def lab_services(lab: Lab) -> list[dict[str, Any]]:
     """One service VIP behind the NAT host, backed by the first GPU node (kube-proxy's job in production)."""
-    backends = [h for h in lab.hosts if h.group == "gpu_nodes"]
+    backends = [h for h in lab.hosts if h.group == GPU_NODES]
     if not backends:
         return []
     vip = IPv4Network(lab.service_cidr).network_address + 10

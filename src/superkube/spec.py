@@ -36,6 +36,11 @@ DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
 PREFLIGHT_TAINT_KEY = "superkube.io/preflight"
 
 
+def is_quorum_size(members: int) -> bool:
+    """An odd count of at least 3: a majority survives a member's loss, and an even count adds no tolerance."""
+    return members >= 3 and members % 2 == 1
+
+
 class SpecError(Exception):
     """A user error in a stack's config: one line saying what, where, and how to fix it."""
 
@@ -435,7 +440,7 @@ class ClusterSpec(_Model):
     @field_validator("apiserver_count")
     @classmethod
     def _apiservers(cls, v: int) -> int:
-        if v < 3 or v % 2 == 0:
+        if not is_quorum_size(v):
             raise ValueError(
                 f"must be an odd count >= 3 (got {v}); the design runs 5 API servers, set it to 5"
             )
@@ -444,7 +449,7 @@ class ClusterSpec(_Model):
     @field_validator("etcd_main_count", "etcd_events_count")
     @classmethod
     def _etcd(cls, v: int) -> int:
-        if v % 2 == 0:
+        if not is_quorum_size(v) and v % 2 == 0:
             raise ValueError(
                 f"must be odd (got {v}): {v} members tolerate no more failures than {v - 1}; set it to {v - 1} or {v + 1}"
             )

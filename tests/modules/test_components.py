@@ -271,3 +271,12 @@ def test_control_plane_never_on_gpu_sizes_and_nodes_only_in_the_spoke(any_plan: 
     for n in any_plan.of_type(NIC):
         ip = ipaddress.IPv4Address(n.inputs["ipConfigurations"][0]["privateIPAddress"])
         assert (ip in spoke) == (role_of(n) != "nat_host")
+
+
+def test_every_machines_role_tag_is_an_inventory_group(any_plan: Plan) -> None:
+    """The tag the program writes is what the inventory groups hosts by: one list, kube.GROUPS."""
+    from superkube.kube import GROUPS
+
+    machines = any_plan.of_type("azure-native:compute:VirtualMachine") + any_plan.of_type(VMSS)
+    roles = {m.inputs["tags"]["superkube-role"] for m in machines}
+    assert roles == set(GROUPS)
