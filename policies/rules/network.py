@@ -13,6 +13,7 @@ from superkube.kube import NAT_HOST
 
 NIC = "azure-native:network:NetworkInterface"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
+VM = "azure-native:compute:VirtualMachine"
 SUBNET = "azure-native:network:Subnet"
 VNET = "azure-native:network:VirtualNetwork"
 PEERING = "azure-native:network:VirtualNetworkPeering"
@@ -52,10 +53,17 @@ def _nic_no_public_ip(view: StackView, config: RuleConfig) -> Iterator[Finding]:
                     yield Finding(
                         f"scale-set IP configuration {ipc.get('name')} gives every node a public IP", vmss.urn
                     )
+    for vm in view.of_type(VM):  # a VM may declare its NICs inline instead of referencing them
+        for nic in (vm.props.get("networkProfile") or {}).get("networkInterfaceConfigurations") or []:
+            for ipc in nic.get("ipConfigurations") or []:
+                if ipc.get("publicIPAddressConfiguration"):
+                    yield Finding(f"VM IP configuration {ipc.get('name')} has a public IP", vm.urn)
     for lb in view.of_type(LB):
         for fe in lb.props.get("frontendIPConfigurations") or []:
-            if fe.get("publicIPAddress"):
-                yield Finding("the API servers' load balancer has a public frontend", lb.urn)
+            if fe.get("publicIPAddress") or fe.get("publicIPPrefix"):
+                yield Finding(f"load balancer frontend {fe.get('name')} is public", lb.urn)
+    for r in view.of_type("azure-native:network:PublicIPPrefix"):
+        yield Finding("a public IP prefix resource exists", r.urn)
 
 
 def _sources(rule: Mapping[str, Any]) -> list[str]:

@@ -90,6 +90,43 @@ def add_public_ip(doc: Doc) -> None:
     }
 
 
+def public_ip_on_scale_set(doc: Doc) -> None:
+    ipc = gpu_vmss(doc)["inputs"]["virtualMachineProfile"]["networkProfile"][
+        "networkInterfaceConfigurations"
+    ][0]["ipConfigurations"][0]
+    ipc["publicIPAddressConfiguration"] = {"name": "pip"}
+
+
+def public_ip_resource(doc: Doc) -> None:
+    nic = of(doc, NIC, "apiservers")[0]
+    doc["resources"].append(
+        {
+            **nic,
+            "urn": nic["urn"] + "-pip",
+            "type": "azure-native:network:PublicIPAddress",
+            "name": "pip",
+            "inputs": {"tags": nic["inputs"]["tags"]},
+        }
+    )
+
+
+def public_ip_inline_on_vm(doc: Doc) -> None:
+    vm = of(doc, VM, "etcd_main")[0]
+    vm["inputs"]["networkProfile"]["networkInterfaceConfigurations"] = [
+        {
+            "name": "inline",
+            "ipConfigurations": [{"name": "ip", "publicIPAddressConfiguration": {"name": "pip"}}],
+        }
+    ]
+
+
+def public_lb_frontend(doc: Doc) -> None:
+    lb = of(doc, "azure-native:network:LoadBalancer")[0]
+    lb["inputs"]["frontendIPConfigurations"][0]["publicIPPrefix"] = {
+        "id": "/subscriptions/x/publicIPPrefixes/p"
+    }
+
+
 def allow_ssh_from_internet(doc: Doc) -> None:
     nsg = of(doc, "azure-native:network:NetworkSecurityGroup", "spoke")[0]
     nsg["inputs"]["securityRules"].append(

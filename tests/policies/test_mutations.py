@@ -15,6 +15,10 @@ from tests.policies import mutations as m
 
 SCENARIOS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("add a public IP", m.add_public_ip, "network-nic-no-public-ip"),
+    ("public IP per scale-set node", m.public_ip_on_scale_set, "network-nic-no-public-ip"),
+    ("a public IP resource", m.public_ip_resource, "network-nic-no-public-ip"),
+    ("a VM's inline NIC with a public IP", m.public_ip_inline_on_vm, "network-nic-no-public-ip"),
+    ("a public load-balancer frontend", m.public_lb_frontend, "network-nic-no-public-ip"),
     ("peer two spokes", m.peer_two_spokes, "network-peering-hub-only"),
     ("drop events etcd", m.drop_events_etcd, "topology-etcd-events-present"),
     ("4 API servers", m.drop_one_apiserver, "topology-apiserver-count"),
