@@ -20,6 +20,7 @@ PEERING = "azure-native:network:VirtualNetworkPeering"
 NSG = "azure-native:network:NetworkSecurityGroup"
 SECURITY_RULE = "azure-native:network:SecurityRule"
 ROUTE = "azure-native:network:Route"
+ROUTE_TABLE = "azure-native:network:RouteTable"
 LB = "azure-native:network:LoadBalancer"
 INTERNET = {"internet", "*", "0.0.0.0/0", "any"}
 
@@ -120,28 +121,52 @@ def _nat_nics(view: StackView) -> list[PlanResource]:
     return view.with_role(NIC, NAT_HOST)
 
 
+def _routes(view: StackView) -> list[tuple[PlanResource, Mapping[str, Any]]]:
+    """Every route with the resource that declares it: Route resources, and routes written inline in
+    a RouteTable (each then carries its table's name)."""
+    out: list[tuple[PlanResource, Mapping[str, Any]]] = [(r, r.props) for r in view.of_type(ROUTE)]
+    for table in view.of_type(ROUTE_TABLE):
+        name = table.props.get("routeTableName", table.name)
+        for route in table.props.get("routes") or []:
+            out.append((table, {**route, "routeTableName": name}))
+    return out
+
+
+def _overlaps(prefix: Any, cidr: str) -> bool:
+    try:
+        return ipaddress.ip_network(str(prefix), strict=False).overlaps(ipaddress.ip_network(cidr))
+    except ValueError:
+        return False  # a service tag: never a private service range
+
+
 def _route_via_nat(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     nat_ips = {
         ipc.get("privateIPAddress")
         for nic in _nat_nics(view)
         for ipc in nic.props.get("ipConfigurations") or []
     }
-    routes = [r for r in view.of_type(ROUTE) if r.props.get("addressPrefix") == config.service_cidr]
-    if not routes:
-        yield Finding(f"no route sends the service CIDR {config.service_cidr} anywhere")
+    service = ipaddress.IPv4Network(config.service_cidr or "0.0.0.0/32")
+    # every route that takes any part of the service range, more specific ones included (they win)
+    routes = [(r, p) for r, p in _routes(view) if _overlaps(p.get("addressPrefix"), str(service))]
+    if not any(
+        ipaddress.IPv4Network(str(p.get("addressPrefix")), strict=False).supernet_of(service)
+        for _, p in routes
+    ):
+        yield Finding(f"no route sends the whole service CIDR {config.service_cidr} anywhere")
     hub_tables = {
         subnet_of((s.props.get("routeTable") or {}).get("id", ""))
         for s in view.of_type(SUBNET)
         if view.vnet_roles().get(s.props.get("virtualNetworkName", "")) == "hub" and s.props.get("routeTable")
     }
-    for r in routes:
-        if r.props.get("nextHopType") != "VirtualAppliance" or r.props.get("nextHopIpAddress") not in nat_ips:
+    for r, route in routes:
+        hop = str(route.get("nextHopType", ""))
+        if hop.lower() != "virtualappliance" or route.get("nextHopIpAddress") not in nat_ips:
             yield Finding(
-                f"route {r.props.get('addressPrefix')} goes to {r.props.get('nextHopType')} {r.props.get('nextHopIpAddress')}, not the NAT host",
+                f"route {route.get('addressPrefix')} goes to {hop} {route.get('nextHopIpAddress')}, not the NAT host",
                 r.urn,
             )
-        if r.props.get("routeTableName") not in hub_tables:
-            yield Finding(f"route table {r.props.get('routeTableName')} is on no hub subnet", r.urn)
+        if route.get("routeTableName") not in hub_tables:
+            yield Finding(f"route table {route.get('routeTableName')} is on no hub subnet", r.urn)
 
 
 def _nat_ip_forwarding(view: StackView, config: RuleConfig) -> Iterator[Finding]:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from policies.rules.compute import TEMPLATE, _cloud_init_files, _kubelet_flag
+from policies.rules.network import _routes as network_routes
 from superkube import kube, reference, wiring
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
@@ -135,8 +136,10 @@ def _service_cidr(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
         dns = r.var("kubelet", host, "kubelet_all_config").get("clusterDNS") or []
         if want and not all(ipaddress.ip_address(d) in ipaddress.ip_network(want) for d in dns):
             yield Finding(f"the kubelet's cluster DNS {dns} is outside the service range {want}", host.urn)
-    routes = [r_ for r_ in view.of_type(ROUTE) if r_.props.get("nextHopType") == "VirtualAppliance"]
-    if not any(r_.props.get("addressPrefix") == want for r_ in routes):
+    routes = [
+        p for _, p in network_routes(view) if str(p.get("nextHopType", "")).lower() == "virtualappliance"
+    ]
+    if not any(p.get("addressPrefix") == want for p in routes):
         yield Finding(f"no hub route sends the service range {want} to the NAT host")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
@@ -185,6 +186,31 @@ def allow_as_security_rule(doc: Doc) -> None:
                 "protocol": "Tcp",
                 "sourceAddressPrefix": "Internet",
                 "destinationPortRange": "22",
+            },
+        }
+    )
+
+
+def inline_route_to_the_internet(doc: Doc) -> None:
+    """A route written inside the hub's route table, sending the service range out to the internet."""
+    table = of(doc, "azure-native:network:RouteTable")[0]
+    service = next(r for r in of(doc, "azure-native:network:Route"))["inputs"]["addressPrefix"]
+    table["inputs"]["routes"] = [{"name": "leak", "addressPrefix": service, "nextHopType": "Internet"}]
+
+
+def more_specific_route_elsewhere(doc: Doc) -> None:
+    """Half the service range on its own, more specific (so winning) route to the internet."""
+    route = next(r for r in of(doc, "azure-native:network:Route"))
+    half = str(next(ipaddress.ip_network(route["inputs"]["addressPrefix"]).subnets(1)))
+    doc["resources"].append(
+        {
+            **route,
+            "urn": route["urn"] + "-half",
+            "inputs": {
+                **route["inputs"],
+                "addressPrefix": half,
+                "nextHopType": "Internet",
+                "nextHopIpAddress": None,
             },
         }
     )

@@ -49,6 +49,16 @@ SCENARIOS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "network-nsg-deny-internet-inbound",
     ),
     ("service route to the wrong hop", m.route_to_wrong_hop, "network-route-service-cidr-via-nat"),
+    (
+        "service route inline in the table",
+        m.inline_route_to_the_internet,
+        "network-route-service-cidr-via-nat",
+    ),
+    (
+        "half the services routed elsewhere",
+        m.more_specific_route_elsewhere,
+        "network-route-service-cidr-via-nat",
+    ),
     ("NAT host without IP forwarding", m.nat_forwarding_off, "network-nic-nat-ip-forwarding"),
     ("one pod IP short", m.drop_a_pod_ip, "network-vmss-alias-ip-count"),
     ("overlapping subnets", m.overlapping_subnet, "network-subnet-no-overlap"),
@@ -108,3 +118,15 @@ def test_the_right_rule_fires(
     fired = {v.rule for v in report.violations}
     assert fired == {rule} | ALSO.get(scenario, set()), f"expected only {rule}, got {sorted(fired)}"
     assert not report.passed
+
+
+def test_the_same_route_written_another_way_still_passes(
+    flagship: tuple[dict[str, Any], checks.RuleConfig],
+) -> None:
+    """Azure reads nextHopType case-insensitively; a route table's inline copy of the same route is fine."""
+    doc, config = flagship
+    changed = copy.deepcopy(doc)
+    route = next(r for r in m.of(changed, "azure-native:network:Route"))
+    route["inputs"]["nextHopType"] = "virtualappliance"
+    report = checks.evaluate(checks.view_from_plan_document(changed), ALL_RULES, config)
+    assert report.violations == []
