@@ -19,7 +19,6 @@ from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
 from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
 
 LB = "azure-native:network:LoadBalancer"
-ROUTE = "azure-native:network:Route"
 KUBECONFIG_URLS = {
     "kube_apiserver": "kube_apiserver_url",
     "kube_controller_manager": "kube_controller_manager_apiserver_url",
