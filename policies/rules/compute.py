@@ -115,12 +115,19 @@ def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
 
 
 def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    attached = {
+        str(d.props.get("diskName", d.name)): (d.props.get("sku") or {}).get("name")
+        for d in view.of_type("azure-native:compute:Disk")
+    }
     for vm in view.with_role(VM, ETCD_MAIN) + view.with_role(VM, ETCD_EVENTS):
         disks = (vm.props.get("storageProfile") or {}).get("dataDisks") or []
         if not disks:
             yield Finding("etcd member has no data disk for its data dir", vm.urn)
         for d in disks:
-            sku = (d.get("managedDisk") or {}).get("storageAccountType")
+            managed = d.get("managedDisk") or {}
+            sku = managed.get("storageAccountType")
+            if sku is None and managed.get("id"):  # an existing Disk attached by ID: its own SKU counts
+                sku = attached.get(str(managed["id"]).rsplit("/", 1)[-1])
             if sku not in ETCD_DISKS:
                 yield Finding(f"etcd data disk is {sku}, not premium or ultra", vm.urn)
 

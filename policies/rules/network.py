@@ -32,12 +32,20 @@ def _vmss_nic(vmss: PlanResource) -> list[dict]:
 
 def _peering_hub_only(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     roles = view.vnet_roles()
-    for p in view.of_type(PEERING):
-        local = p.props.get("virtualNetworkName", "")
-        remote = vnet_of((p.props.get("remoteVirtualNetwork") or {}).get("id", ""))
+    # peerings as their own resources, and peerings written inline in a VirtualNetwork
+    peerings: list[tuple[PlanResource, str, Mapping[str, Any]]] = [
+        (p, p.props.get("virtualNetworkName", ""), p.props) for p in view.of_type(PEERING)
+    ]
+    for v in view.of_type(VNET):
+        for inline in v.props.get("virtualNetworkPeerings") or []:
+            peerings.append((v, v.props.get("virtualNetworkName", v.name), inline))
+    for resource, local, p in peerings:
+        remote = vnet_of((p.get("remoteVirtualNetwork") or {}).get("id", ""))
         pair = {roles.get(local, "unknown"), roles.get(remote, "unknown")}
         if pair != {"hub", "spoke"}:
-            yield Finding(f"peering {local} -> {remote} is not hub<->spoke (roles {sorted(pair)})", p.urn)
+            yield Finding(
+                f"peering {local} -> {remote} is not hub<->spoke (roles {sorted(pair)})", resource.urn
+            )
 
 
 def _nic_no_public_ip(view: StackView, config: RuleConfig) -> Iterator[Finding]:

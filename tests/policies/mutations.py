@@ -216,6 +216,42 @@ def more_specific_route_elsewhere(doc: Doc) -> None:
     )
 
 
+def etcd_disk_attached_standard(doc: Doc) -> None:
+    """An etcd member's data disk as a separate Disk resource of a standard SKU, attached by ID."""
+    vm = of(doc, VM, "etcd_main")[0]
+    disk = vm["inputs"]["storageProfile"]["dataDisks"][0]
+    disk["createOption"] = "Attach"
+    disk["managedDisk"] = {
+        "id": "/subscriptions/x/resourceGroups/rg/providers/Microsoft.Compute/disks/etcd-0-data"
+    }
+    doc["resources"].append(
+        {
+            **vm,
+            "urn": vm["urn"] + "-disk",
+            "type": "azure-native:compute:Disk",
+            "name": "etcd-0-data",
+            "inputs": {
+                "diskName": "etcd-0-data",
+                "sku": {"name": "Standard_LRS"},
+                "tags": vm["inputs"]["tags"],
+            },
+        }
+    )
+
+
+def inline_spoke_to_spoke_peering(doc: Doc) -> None:
+    """A peering written inline in the spoke's VirtualNetwork, to another spoke."""
+    spoke = of(doc, "azure-native:network:VirtualNetwork", "spoke")[0]
+    spoke["inputs"]["virtualNetworkPeerings"] = [
+        {
+            "name": "to-other",
+            "remoteVirtualNetwork": {
+                "id": "/subscriptions/x/resourceGroups/rg-other/providers/Microsoft.Network/virtualNetworks/vnet-other"
+            },
+        }
+    ]
+
+
 def route_to_wrong_hop(doc: Doc) -> None:
     of(doc, "azure-native:network:Route")[0]["inputs"]["nextHopIpAddress"] = "10.0.0.200"
 

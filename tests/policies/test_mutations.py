@@ -66,6 +66,8 @@ SCENARIOS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("1,200 VMs in a scale set", m.scale_set_over_vm_limit, "compute-vmss-vm-limit"),
     ("no autoscaler discovery tag", m.remove_autoscaler_discovery, "compute-vmss-autoscaler-tags"),
     ("standard disk under etcd", m.standard_etcd_disk, "compute-disk-etcd-premium"),
+    ("standard disk attached to etcd by ID", m.etcd_disk_attached_standard, "compute-disk-etcd-premium"),
+    ("a spoke peered inline with another spoke", m.inline_spoke_to_spoke_peering, "network-peering-hub-only"),
     ("no owner tag", m.missing_owner_tag, "hygiene-resource-required-tags"),
     ("VNet over its IP limit", m.vnet_over_ip_limit, "network-vnet-ip-limit"),
     ("301 IPs on a NIC", m.nic_over_ip_limit, "network-nic-ip-limit"),
