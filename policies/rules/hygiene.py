@@ -13,11 +13,12 @@ def _required_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for r in view.resources:
         if not r.type.startswith("azure-native:") or r.type in TAGLESS_TYPES:
             continue
-        missing = [t for t in REQUIRED if not r.tags.get(t)]
+        tags = {str(k).lower(): v for k, v in r.tags.items()}  # Azure tag names ignore case
+        missing = [t for t in REQUIRED if not tags.get(t)]
         if missing:
             yield Finding(f"missing tags: {', '.join(missing)}", r.urn)
-        elif config.cluster and r.tags["cluster"] != config.cluster:
-            yield Finding(f"cluster tag is {r.tags['cluster']!r}, not {config.cluster!r}", r.urn)
+        elif config.cluster and tags["cluster"] != config.cluster:
+            yield Finding(f"cluster tag is {tags['cluster']!r}, not {config.cluster!r}", r.urn)
 
 
 RULES = [

@@ -132,3 +132,12 @@ def test_the_same_route_written_another_way_still_passes(
     route["inputs"]["nextHopType"] = "virtualappliance"
     report = checks.evaluate(checks.view_from_plan_document(changed), ALL_RULES, config)
     assert report.violations == []
+
+
+def test_tag_names_in_another_case_still_pass(flagship: tuple[dict[str, Any], checks.RuleConfig]) -> None:
+    """Azure treats tag names case-insensitively: `Owner` is the owner tag."""
+    doc, config = flagship
+    changed = copy.deepcopy(doc)
+    tags = m.of(changed, "azure-native:network:VirtualNetwork", "spoke")[0]["inputs"]["tags"]
+    tags["Owner"] = tags.pop("owner")
+    assert checks.evaluate(checks.view_from_plan_document(changed), ALL_RULES, config).violations == []
