@@ -134,3 +134,12 @@ def test_a_reader_that_stops_early_is_not_an_error() -> None:
     )
     assert proc.stdout.splitlines() == ["{", "status=0"], proc.stdout + proc.stderr
     assert proc.stderr == ""
+
+
+def test_every_command_group_is_reachable_through_python_dash_m() -> None:
+    """`python -m superkube.cli etcd` must reach the etcd commands (they register below the entry point)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "superkube.cli", "etcd", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "status" in proc.stdout
