@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 
@@ -123,7 +124,10 @@ def _rules() -> list[dict[str, list[str]]]:
 
 def manifests(args: AutoscalerArgs) -> list[Manifest]:
     """Service account, RBAC and Deployment (the Azure identifiers may be Pulumi outputs)."""
-    meta = lambda kind_ns=None: objects.meta(NAME, COMPONENT, kind_ns)  # noqa: E731
+
+    def meta(namespace: str | None = None) -> dict[str, Any]:
+        return objects.meta(NAME, COMPONENT, namespace)
+
     subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
     labels = objects.labels(COMPONENT, NAME)
     env: dict[str, pulumi.Input[str]] = {
