@@ -98,9 +98,10 @@ class Resource:
     dependencies: list[str]
     inputs: dict[str, Any]
     id: str = ""
+    provider: str | None = None  # the explicit provider reference, where the program set one
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "urn": self.urn,
             "type": self.type,
             "name": self.name,
@@ -110,6 +111,9 @@ class Resource:
             "dependencies": self.dependencies,
             "inputs": copy.deepcopy(self.inputs),
         }
+        if self.provider:
+            out["provider"] = self.provider
+        return out
 
 
 @dataclass
@@ -372,6 +376,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                     dependencies=sorted(set(request.dependencies)),
                     inputs=_plain(self._mocks.last_inputs),
                     id=response.id,
+                    provider=request.provider or None,
                 )
             )
         return response

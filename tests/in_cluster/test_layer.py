@@ -176,3 +176,12 @@ def test_peak_join_rate_model() -> None:
     assert autoscaling.peak_join_rate_per_second(7500, 50, 10, 0) == 50  # a whole batch at once
     assert autoscaling.peak_join_rate_per_second(20, 50, 10, 100) == pytest.approx(0.2)  # one small batch
     assert math.isclose(autoscaling.peak_join_rate_per_second(100, 50, 10, 600), 2 * 50 / 600)
+
+
+def test_every_object_goes_through_the_layers_provider_never_an_ambient_kubeconfig(any_plan: Plan) -> None:
+    (provider,) = [r for r in any_plan.resources if r.type == "pulumi:providers:kubernetes"]
+    objects = [r for r in any_plan.resources if r.custom and r.type.startswith("kubernetes:")]
+    assert objects and {
+        (r.provider or "").split("::")[0:4] == provider.urn.split("::")[0:4] for r in objects
+    } == {True}
+    assert all((r.provider or "").startswith(provider.urn + "::") for r in objects)
