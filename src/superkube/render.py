@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import kubernetes_validate
+import kubernetes_validate.utils as kv_utils
 import yaml
 
 from superkube.plan import Plan, Resource
@@ -162,30 +162,79 @@ def _reason(error: Any) -> str:
     return str(error.message).splitlines()[0]
 
 
+@cache
+def _definitions(schema_dir: str) -> Any:
+    from referencing import Resource as SchemaResource
+
+    return SchemaResource.from_contents(
+        kv_utils.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json", schema_dir)
+    )
+
+
+@cache
+def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> Any:
+    """The strict validator of one built-in kind, built once (the package's own `validate` reloads
+    and re-resolves its ~5 MB of definitions on every call); None if the release has no such kind.
+
+    Schema files and their naming are kubernetes-validate's: the newest schema set not newer than the
+    cluster's minor, `<kind>-<group>-<version>.json` in its `-local-strict` directory."""
+    from referencing import Registry
+    from referencing import Resource as SchemaResource
+
+    wanted = kv_utils.major_minor(kubernetes_version)
+    if kv_utils.Version(wanted) > kv_utils.Version(kv_utils.latest_version()):
+        raise kv_utils.VersionNotSupportedError(version=wanted)
+    version = [
+        v
+        for v in kv_utils.all_versions()
+        if kv_utils.Version(kv_utils.major_minor(v)) <= kv_utils.Version(wanted)
+    ][-1]
+    schema_dir = f"v{version}-local-strict"
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = kv_utils.schema_contents(
+            f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group}.json", wanted
+        )
+    except FileNotFoundError:
+        return None
+    registry = _definitions(schema_dir) @ (SchemaResource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
 def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "objects") -> list[Problem]:
-    """Problems of one object (empty when valid)."""
+    """Problems of one object (empty when valid): at most one, the one the schema deems most relevant."""
     label = name_of(obj)
     try:
-        kubernetes_validate.validate(obj, kubernetes_version, strict=True)
-    except kubernetes_validate.ValidationError as error:
-        return [Problem(component, label, _path(error.path), _reason(error))]
-    except kubernetes_validate.SchemaNotFoundError:
-        schema = crd_schemas().get((obj.get("apiVersion", ""), obj.get("kind", "")))
-        if schema is None:
-            return [
-                Problem(
-                    component,
-                    label,
-                    "apiVersion",
-                    f"no schema for {obj.get('apiVersion')} {obj.get('kind')}: not a Kubernetes "
-                    f"{kubernetes_version} kind, and no CRD for it under data/crds/",
-                )
-            ]
-        errors = sorted(
-            jsonschema.Draft7Validator(_strict(schema)).iter_errors(obj), key=lambda e: list(e.path)
+        validator = _builtin_validator(
+            str(obj.get("apiVersion", "")), str(obj.get("kind", "")), kubernetes_version
         )
-        return [Problem(component, label, _path(e.path), _reason(e)) for e in errors[:1]]
-    return []
+    except kv_utils.VersionNotSupportedError:
+        newest = kv_utils.major_minor(kv_utils.latest_version())
+        return [
+            Problem(
+                component,
+                label,
+                "(kubernetes_version)",
+                f"no official schemas for Kubernetes {kubernetes_version} here (newest: {newest}); "
+                "upgrade the kubernetes-validate package or plan for a version it knows",
+            )
+        ]
+    if validator is not None:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
+        return [] if error is None else [Problem(component, label, _path(error.path), _reason(error))]
+    schema = crd_schemas().get((obj.get("apiVersion", ""), obj.get("kind", "")))
+    if schema is None:
+        return [
+            Problem(
+                component,
+                label,
+                "apiVersion",
+                f"no schema for {obj.get('apiVersion')} {obj.get('kind')}: not a Kubernetes "
+                f"{kubernetes_version} kind, and no CRD for it under data/crds/",
+            )
+        ]
+    errors = sorted(jsonschema.Draft7Validator(_strict(schema)).iter_errors(obj), key=lambda e: list(e.path))
+    return [Problem(component, label, _path(e.path), _reason(e)) for e in errors[:1]]
 
 
 def problems(plan: Plan, kubernetes_version: str) -> list[Problem]:

@@ -172,3 +172,9 @@ def test_objects_come_in_an_order_they_can_be_applied_in(any_plan: Any) -> None:
             assert ns is None or ns in seen_namespaces, f"{render.name_of(obj)} before its namespace"
             if obj["kind"] == "Namespace":
                 seen_namespaces.add(obj["metadata"]["name"])
+
+
+def test_a_kubernetes_version_without_schemas_is_one_problem_not_a_crash() -> None:
+    obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}
+    (problem,) = render.validate(obj, "1.99.0")
+    assert "no official schemas for Kubernetes 1.99.0" in problem.reason
