@@ -765,5 +765,32 @@ def etcd_status(
         raise typer.Exit(1)
 
 
+health_app = typer.Typer(help="GPU node health: what a probe reading means.", no_args_is_help=True)
+app.add_typer(health_app, name="health")
+
+
+@health_app.command("explain")
+def health_explain(
+    reading_file: Annotated[Path, typer.Argument(help="A saved probe reading (JSON).")],
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """The verdict on a saved GPU probe reading and every reason for it (exit 1 when fatal)."""
+    from superkube.agents import gpu_probe
+
+    try:
+        result = gpu_probe.verdict(gpu_probe.load_reading(reading_file))
+    except gpu_probe.ReadingError as exc:
+        fail(str(exc))
+    if output is Output.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    else:
+        colour = {"healthy": "green", "warning": "yellow", "fatal": "red"}[result.level]
+        out.print(f"{escape(result.node)}: [bold {colour}]{result.level}[/]", highlight=False)
+        for finding in result.findings:
+            out.print(f"  {escape(str(finding))}", highlight=False)
+    if result.level == "fatal":
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     main()

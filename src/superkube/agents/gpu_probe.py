@@ -1,0 +1,303 @@
+"""One GPU probe for the preflight, periodic and health agents: readings in, a verdict out.
+
+A reading is what NVML reports for every GPU of a node (the count, Xid events, ECC counters, retired
+pages, remapped rows, PCIe link, NVLink state), saved as JSON so an incident can be explained later
+(`superkube health explain FILE`). The verdict applies `data/gpu_health.yaml`: `fatal` takes the node
+out of service, `warning` is recorded, `healthy` is neither. Reading NVML needs a GPU and the
+maintained NVIDIA binding (`nvidia-ml-py`, imported only when `read_nvml` runs); the verdict is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+THRESHOLDS = Path(__file__).resolve().parents[3] / "data" / "gpu_health.yaml"
+Level = Literal["healthy", "warning", "fatal"]
+ORDER = {"healthy": 0, "warning": 1, "fatal": 2}
+
+
+class ReadingError(ValueError):
+    """A malformed reading or thresholds file: one line naming the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Ecc(_Model):
+    volatile_single_bit: int = Field(default=0, ge=0)
+    volatile_double_bit: int = Field(default=0, ge=0)
+    aggregate_double_bit: int = Field(default=0, ge=0)
+
+
+class RetiredPages(_Model):
+    total: int = Field(default=0, ge=0)
+    pending: bool = False
+
+
+class RemappedRows(_Model):
+    pending: bool = False
+    failure: bool = False
+
+
+class Pcie(_Model):
+    link_width: int = Field(ge=0)
+    max_link_width: int = Field(ge=1)
+    link_generation: int = Field(ge=0)
+    max_link_generation: int = Field(ge=1)
+
+
+class NvLink(_Model):
+    active: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+
+class Gpu(_Model):
+    index: int = Field(ge=0)
+    uuid: str = ""
+    name: str = ""
+    xid_errors: list[int] = Field(default_factory=list)
+    ecc: Ecc = Field(default_factory=Ecc)
+    retired_pages: RetiredPages = Field(default_factory=RetiredPages)
+    remapped_rows: RemappedRows = Field(default_factory=RemappedRows)
+    pcie: Pcie | None = None
+    nvlink: NvLink | None = None
+
+
+class Reading(_Model):
+    node: str
+    vm_size: str
+    expected_gpus: int = Field(ge=0)
+    gpus: list[Gpu]
+
+
+class Thresholds(_Model):
+    xid: dict[Literal["fatal", "warning"], dict[int, str]]
+    ecc: dict[
+        Literal["volatile_double_bit_fatal", "aggregate_double_bit_warning", "volatile_single_bit_warning"],
+        int,
+    ]
+    retired_pages: dict[Literal["pending_fatal", "total_warning", "total_fatal"], int | bool]
+    remapped_rows: dict[Literal["pending_fatal", "failure_fatal"], bool]
+    pcie: dict[Literal["degraded_warning"], bool]
+    nvlink: dict[Literal["inactive_fatal"], bool]
+
+
+def _where(error: ValidationError) -> str:
+    first = error.errors(include_url=False)[0]
+    path = ".".join(str(p) for p in first["loc"])
+    return f"{path}: {first['msg']}"
+
+
+def parse_reading(data: Any, source: str = "reading") -> Reading:
+    try:
+        return Reading.model_validate(data)
+    except ValidationError as exc:
+        raise ReadingError(f"{source}: {_where(exc)}") from None
+
+
+def load_reading(path: Path) -> Reading:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ReadingError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ReadingError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+    return parse_reading(data, str(path))
+
+
+@cache
+def thresholds(path: Path = THRESHOLDS) -> Thresholds:
+    try:
+        return Thresholds.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as exc:
+        raise ReadingError(f"{path}: {_where(exc)}") from None
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    gpu: int | None  # None: the node as a whole
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"GPU {self.gpu}" if self.gpu is not None else "node"
+        return f"{self.level}: {where}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    node: str
+    level: Level
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "verdict": self.level,
+            "findings": [{"level": f.level, "gpu": f.gpu, "reason": f.reason} for f in self.findings],
+        }
+
+
+def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
+    out: list[Finding] = []
+    i = gpu.index
+    for xid in sorted(set(gpu.xid_errors)):
+        if xid in t.xid["fatal"]:
+            out.append(Finding("fatal", i, f"Xid {xid}: {t.xid['fatal'][xid]}"))
+        elif xid in t.xid["warning"]:
+            out.append(Finding("warning", i, f"Xid {xid}: {t.xid['warning'][xid]}"))
+        else:
+            out.append(Finding("warning", i, f"Xid {xid}: not in data/gpu_health.yaml; look it up"))
+    if gpu.ecc.volatile_double_bit >= t.ecc["volatile_double_bit_fatal"]:
+        out.append(
+            Finding(
+                "fatal", i, f"{gpu.ecc.volatile_double_bit} uncorrectable ECC errors since the driver loaded"
+            )
+        )
+    elif gpu.ecc.aggregate_double_bit >= t.ecc["aggregate_double_bit_warning"]:
+        out.append(
+            Finding("warning", i, f"{gpu.ecc.aggregate_double_bit} uncorrectable ECC errors in its lifetime")
+        )
+    if gpu.ecc.volatile_single_bit >= t.ecc["volatile_single_bit_warning"]:
+        out.append(
+            Finding(
+                "warning", i, f"{gpu.ecc.volatile_single_bit} corrected ECC errors since the driver loaded"
+            )
+        )
+    pages = gpu.retired_pages
+    if pages.pending and t.retired_pages["pending_fatal"]:
+        out.append(Finding("fatal", i, "a memory page is pending retirement: reset the GPU before use"))
+    if pages.total >= int(t.retired_pages["total_fatal"]):
+        out.append(Finding("fatal", i, f"{pages.total} retired pages: due for replacement"))
+    elif pages.total >= int(t.retired_pages["total_warning"]):
+        out.append(Finding("warning", i, f"{pages.total} retired pages"))
+    rows = gpu.remapped_rows
+    if rows.failure and t.remapped_rows["failure_fatal"]:
+        out.append(Finding("fatal", i, "row remapping failed: the GPU needs service"))
+    if rows.pending and t.remapped_rows["pending_fatal"]:
+        out.append(Finding("fatal", i, "a row remap is pending: reset the GPU before use"))
+    if gpu.pcie and t.pcie["degraded_warning"]:
+        p = gpu.pcie
+        if p.link_width < p.max_link_width or p.link_generation < p.max_link_generation:
+            out.append(
+                Finding(
+                    "warning",
+                    i,
+                    f"PCIe link x{p.link_width} gen{p.link_generation}, below the GPU's x{p.max_link_width} gen{p.max_link_generation}",
+                )
+            )
+    if gpu.nvlink and gpu.nvlink.active < gpu.nvlink.total and t.nvlink["inactive_fatal"]:
+        out.append(
+            Finding("fatal", i, f"{gpu.nvlink.total - gpu.nvlink.active} of {gpu.nvlink.total} NVLinks down")
+        )
+    return out
+
+
+def verdict(reading: Reading, t: Thresholds | None = None) -> Verdict:
+    """The node's verdict: the worst of its findings."""
+    t = t or thresholds()
+    findings: list[Finding] = []
+    if len(reading.gpus) < reading.expected_gpus:
+        seen = {g.index for g in reading.gpus}
+        missing = [i for i in range(reading.expected_gpus) if i not in seen]
+        findings.append(
+            Finding(
+                "fatal",
+                None,
+                f"{len(reading.gpus)} of {reading.expected_gpus} GPUs a {reading.vm_size} has are visible"
+                + (f" (missing index {', '.join(map(str, missing))})" if missing else ""),
+            )
+        )
+    for gpu in reading.gpus:
+        findings += _gpu_findings(gpu, t)
+    level: Level = max((f.level for f in findings), key=ORDER.__getitem__, default="healthy")
+    return Verdict(reading.node, level, findings)
+
+
+def read_nvml(node: str, vm_size: str, expected_gpus: int) -> Reading:
+    """Read every GPU through NVML (nvidia-ml-py): needs a GPU and its driver.
+
+    Counters NVML does not support on a GPU are left at their healthy defaults rather than guessed.
+    Xid events are not state NVML keeps: the health agent collects them from NVML's event set as
+    they happen and adds them to its readings, so a one-shot reading here has none."""
+    import pynvml
+
+    def maybe(fn: Any, *args: Any, default: Any = None) -> Any:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError:
+            return default
+
+    pynvml.nvmlInit()
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            ecc = Ecc(
+                volatile_single_bit=maybe(
+                    pynvml.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                    pynvml.NVML_VOLATILE_ECC,
+                    default=0,
+                ),
+                volatile_double_bit=maybe(
+                    pynvml.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    pynvml.NVML_VOLATILE_ECC,
+                    default=0,
+                ),
+                aggregate_double_bit=maybe(
+                    pynvml.nvmlDeviceGetTotalEccErrors,
+                    h,
+                    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    pynvml.NVML_AGGREGATE_ECC,
+                    default=0,
+                ),
+            )
+            remap = maybe(pynvml.nvmlDeviceGetRemappedRows, h)
+            pending_pages = maybe(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h, default=0)
+            retired = maybe(
+                pynvml.nvmlDeviceGetRetiredPages,
+                h,
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                default=[],
+            )
+            links = [
+                maybe(pynvml.nvmlDeviceGetNvLinkState, h, link, default=None)
+                for link in range(pynvml.NVML_NVLINK_MAX_LINKS)
+            ]
+            present = [state for state in links if state is not None]
+            gpus.append(
+                Gpu(
+                    index=i,
+                    uuid=str(maybe(pynvml.nvmlDeviceGetUUID, h, default="")),
+                    name=str(maybe(pynvml.nvmlDeviceGetName, h, default="")),
+                    ecc=ecc,
+                    retired_pages=RetiredPages(total=len(retired or []), pending=bool(pending_pages)),
+                    remapped_rows=RemappedRows(pending=bool(remap[2]), failure=bool(remap[3]))
+                    if remap
+                    else RemappedRows(),
+                    pcie=Pcie(
+                        link_width=pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+                        max_link_width=pynvml.nvmlDeviceGetMaxPcieLinkWidth(h),
+                        link_generation=pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+                        max_link_generation=pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                    ),
+                    nvlink=NvLink(active=sum(1 for s in present if s), total=len(present))
+                    if present
+                    else None,
+                )
+            )
+        return Reading(node=node, vm_size=vm_size, expected_gpus=expected_gpus, gpus=gpus)
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,0 +1,142 @@
+"""The GPU probe's verdicts on readings of each failure kind, and its one-line errors.
+
+The readings under readings/ are written in the probe's format, one per failure kind, with the
+signals NVML reports for it (Xid events, ECC counters, remapped rows, the GPU count, NVLink and
+PCIe state); they are not captures from failing hardware. The device test at the end reads a real
+GPU through NVML and runs only where one is present (`pytest -m gpu`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from superkube.agents import gpu_probe
+from superkube.cli import app
+
+READINGS = Path(__file__).parent / "readings"
+
+CASES = [
+    ("healthy", "healthy", None),
+    ("healthy-corrected-ecc", "healthy", None),
+    ("app-fault-xid-13", "warning", "Xid 13: graphics engine exception"),
+    ("pcie-degraded", "warning", "PCIe link x8 gen5, below the GPU's x16 gen5"),
+    ("xid-48-dbe", "fatal", "Xid 48: double-bit ECC error"),
+    ("xid-63-remap-pending", "fatal", "a row remap is pending"),
+    ("xid-64-remap-failure", "fatal", "row remapping failed"),
+    (
+        "xid-79-off-the-bus",
+        "fatal",
+        "7 of 8 GPUs a Standard_ND96isr_H100_v5 has are visible (missing index 6)",
+    ),
+    ("xid-94-contained", "fatal", "Xid 94: contained ECC error"),
+    ("xid-95-uncontained", "fatal", "Xid 95: uncontained ECC error"),
+    ("nvlink-down", "fatal", "2 of 18 NVLinks down"),
+]
+
+
+@pytest.mark.parametrize(("name", "level", "reason"), CASES, ids=[c[0] for c in CASES])
+def test_each_failure_kind_gets_its_verdict(name: str, level: str, reason: str | None) -> None:
+    result = gpu_probe.verdict(gpu_probe.load_reading(READINGS / f"{name}.json"))
+    assert result.level == level
+    if reason is None:
+        assert result.findings == []
+    else:
+        assert any(reason in f.reason for f in result.findings if f.level == level), result.findings
+
+
+def test_every_reading_on_file_has_a_case() -> None:
+    assert {p.stem for p in READINGS.glob("*.json")} == {c[0] for c in CASES}
+
+
+def test_the_worst_finding_decides() -> None:
+    reading = json.loads((READINGS / "pcie-degraded.json").read_text())
+    reading["gpus"][3]["xid_errors"] = [79]
+    result = gpu_probe.verdict(gpu_probe.parse_reading(reading))
+    assert result.level == "fatal" and {f.level for f in result.findings} == {"warning", "fatal"}
+
+
+def test_an_unknown_xid_is_a_warning_that_says_to_look_it_up() -> None:
+    reading = json.loads((READINGS / "healthy.json").read_text())
+    reading["gpus"][0]["xid_errors"] = [999]
+    (finding,) = gpu_probe.verdict(gpu_probe.parse_reading(reading)).findings
+    assert finding.level == "warning" and "not in data/gpu_health.yaml" in finding.reason
+
+
+def test_thresholds_are_data(tmp_path: Path) -> None:
+    """Moving Xid 13 from warning to fatal in the file changes the verdict; nothing is hard-coded."""
+    doc = yaml.safe_load(gpu_probe.THRESHOLDS.read_text())
+    doc["xid"]["fatal"][13] = doc["xid"]["warning"].pop(13)
+    path = tmp_path / "gpu_health.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    reading = gpu_probe.load_reading(READINGS / "app-fault-xid-13.json")
+    assert gpu_probe.verdict(reading, gpu_probe.thresholds(path)).level == "fatal"
+
+
+def test_a_malformed_thresholds_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    doc = yaml.safe_load(gpu_probe.THRESHOLDS.read_text())
+    doc["ecc"]["volatile_double_bit_fatal"] = "one"
+    path = tmp_path / "gpu_health.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(gpu_probe.ReadingError) as err:
+        gpu_probe.thresholds(path)
+    assert str(err.value).startswith(f"{path}: ecc.volatile_double_bit_fatal: ")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r["gpus"][2]["ecc"].update(volatile_double_bit=-1), "gpus.2.ecc.volatile_double_bit: "),
+        (lambda r: r["gpus"][0].update(temperature=80), "gpus.0.temperature: Extra inputs are not permitted"),
+        (lambda r: r.pop("expected_gpus"), "expected_gpus: Field required"),
+    ],
+    ids=["negative counter", "unknown field", "missing field"],
+)
+def test_a_malformed_reading_is_one_line_naming_the_field(change, says: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    reading = json.loads((READINGS / "healthy.json").read_text())
+    change(reading)
+    path = tmp_path / "reading.json"
+    path.write_text(json.dumps(reading))
+    result = CliRunner().invoke(app, ["health", "explain", str(path)])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {path}: {says}"), line
+
+
+def test_explain_as_json_and_its_exit_status() -> None:
+    result = CliRunner().invoke(
+        app, ["health", "explain", str(READINGS / "xid-95-uncontained.json"), "-o", "json"]
+    )
+    assert result.exit_code == 1, "fatal exits 1, so scripts can act on it"
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "fatal" and doc["findings"][0] == {
+        "level": "fatal",
+        "gpu": 1,
+        "reason": "Xid 95: uncontained ECC error",
+    }
+    assert CliRunner().invoke(app, ["health", "explain", str(READINGS / "healthy.json")]).exit_code == 0
+
+
+@pytest.mark.gpu
+def test_the_real_gpus_read_healthy_with_the_right_count() -> None:
+    """On a GPU machine: NVML's reading of every GPU is healthy, and counts what nvidia-smi lists."""
+    smi = shutil.which("nvidia-smi")
+    assert smi, "nvidia-smi is not on PATH: this test needs an NVIDIA GPU and its driver"
+    listed = [
+        line
+        for line in subprocess.run(
+            [smi, "-L"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        if line.startswith("GPU ")
+    ]
+    reading = gpu_probe.read_nvml("device", "device", expected_gpus=len(listed))
+    result = gpu_probe.verdict(reading)
+    print(json.dumps({"reading": reading.model_dump(), "verdict": result.to_dict()}, indent=2))
+    assert len(reading.gpus) == len(listed) >= 1
+    assert result.level == "healthy", result.findings
