@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import yaml
 
-from superkube.autoscaling import NODE_TEMPLATE, template_tag
+from superkube.autoscaling import ENABLED_TAG, NAME_TAG, is_autoscaled, template_tag
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
 from superkube.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GPU_RESOURCE
@@ -17,8 +17,6 @@ from superkube.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 PREFLIGHT = PREFLIGHT_TAINT_KEY
-TEMPLATE = NODE_TEMPLATE
-ETCD_DISKS = DISK_SKUS
 
 
 def _os_profile(r: PlanResource) -> dict:
@@ -78,7 +76,7 @@ def _preflight_taint(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             yield Finding("GPU nodes register without the preflight taint", s.urn)
         if f"{PREFLIGHT}=pending" not in _kubelet_flag(kubelet, "--node-labels"):
             yield Finding("GPU nodes register without the preflight label", s.urn)
-        autoscaled = s.tags.get("cluster-autoscaler-enabled") == "true"
+        autoscaled = is_autoscaled(s.tags)
         if autoscaled and s.tags.get(template_tag("taint", PREFLIGHT)) != "pending:NoSchedule":
             yield Finding(
                 "the autoscaler's node template lacks the preflight taint, so it would plan pods onto new nodes",
@@ -91,16 +89,16 @@ def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
         tags = s.tags
         if not config.autoscaler_enabled:
             # the stack chose fixed-size pools: no set may carry discovery tags the autoscaler would act on
-            if tags.get("cluster-autoscaler-enabled"):
+            if tags.get(ENABLED_TAG):
                 yield Finding(
                     "scale set carries autoscaler discovery tags while autoscaler_enabled is false", s.urn
                 )
             continue
-        if tags.get("cluster-autoscaler-enabled") != "true":
-            yield Finding("scale set is not tagged cluster-autoscaler-enabled=true", s.urn)
-        if config.cluster and tags.get("cluster-autoscaler-name") != config.cluster:
+        if not is_autoscaled(tags):
+            yield Finding(f"scale set is not tagged {ENABLED_TAG}=true", s.urn)
+        if config.cluster and tags.get(NAME_TAG) != config.cluster:
             yield Finding(
-                f"cluster-autoscaler-name is {tags.get('cluster-autoscaler-name')!r}, not {config.cluster!r}",
+                f"{NAME_TAG} is {tags.get(NAME_TAG)!r}, not {config.cluster!r}",
                 s.urn,
             )
         lo, hi = tags.get("min", ""), tags.get("max", "")
@@ -128,7 +126,7 @@ def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]
             sku = managed.get("storageAccountType")
             if sku is None and managed.get("id"):  # an existing Disk attached by ID: its own SKU counts
                 sku = attached.get(str(managed["id"]).rsplit("/", 1)[-1])
-            if sku not in ETCD_DISKS:
+            if sku not in DISK_SKUS:
                 yield Finding(f"etcd data disk is {sku}, not premium or ultra", vm.urn)
 
 

@@ -215,7 +215,7 @@ def _image_pinned(view: StackView, config: RuleConfig) -> Iterator[Finding]:
 
 
 def _autoscaled_sets(view: StackView) -> list[PlanResource]:
-    return [s for s in view.of_type(VMSS) if s.tags.get("cluster-autoscaler-enabled")]
+    return [s for s in view.of_type(VMSS) if autoscaling.is_autoscaled(s.tags)]
 
 
 def _autoscaler_discovery(view: StackView, config: RuleConfig) -> Iterator[Finding]:
@@ -243,7 +243,7 @@ def _autoscaler_discovery(view: StackView, config: RuleConfig) -> Iterator[Findi
             deployment.urn,
         )
     for s in sets:
-        if s not in matched and s.tags.get("cluster-autoscaler-enabled"):
+        if s not in matched and autoscaling.is_autoscaled(s.tags):
             yield Finding(
                 f"scale set is tagged for autoscaling but the autoscaler's filter {wanted} does not match its tags",
                 s.urn,

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import yaml
 
-from policies.rules.compute import TEMPLATE, _cloud_init_files, _kubelet_flag
+from policies.rules.compute import _cloud_init_files, _kubelet_flag
 from policies.rules.network import _routes as network_routes
-from superkube import kube, reference, wiring
+from superkube import autoscaling, kube, reference, wiring
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
 from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
@@ -187,6 +187,12 @@ def _max_pods(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
             )
 
 
+def _template_tags(tags: Mapping[str, str], kind: str) -> dict[str, str]:
+    """A scale set's node-template tags of one kind (label, taint), keyed as written."""
+    prefix = autoscaling.template_tag(kind, "")
+    return {k: v for k, v in tags.items() if k.startswith(prefix)}
+
+
 @_rendering
 def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
     for host in r.of(GPU_NODES, CPU_NODES):
@@ -197,28 +203,24 @@ def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
         }
         taints = set(_kubelet_flag(registration, "--register-with-taints")) - {""}
         tags = vmss.tags
-        if tags.get("cluster-autoscaler-enabled") == "true":
-            tag_labels = {
-                k.removeprefix(f"{TEMPLATE}_label_"): v
-                for k, v in tags.items()
-                if k.startswith(f"{TEMPLATE}_label_")
-            }
-            reg_labels = {k.replace("/", "_"): v for k, v in labels.items()}
+        if autoscaling.is_autoscaled(tags):
+            # both sides in the tags' own encoding (superkube.autoscaling.template_tag)
+            reg_labels = {autoscaling.template_tag("label", k): v for k, v in labels.items()}
+            tag_labels = _template_tags(tags, "label")
             if tag_labels != reg_labels:
                 diff = sorted(set(tag_labels.items()) ^ set(reg_labels.items()))
                 yield Finding(
                     f"node labels and the autoscaler's node-template labels differ: {diff}", vmss.urn
                 )
-            tag_taints = {
-                f"{k.removeprefix(f'{TEMPLATE}_taint_')}={v}"
-                for k, v in tags.items()
-                if k.startswith(f"{TEMPLATE}_taint_")
+            reg_taints = {
+                autoscaling.template_tag("taint", key.partition("=")[0]): f"{key.partition('=')[2]}:{effect}"
+                for key, _, effect in (t.rpartition(":") for t in taints)
             }
-            reg_taints = {t.replace("/", "_") for t in taints}
+            tag_taints = _template_tags(tags, "taint")
             if tag_taints != reg_taints:
                 yield Finding(
-                    f"node taints {sorted(reg_taints)} and the autoscaler's node-template taints "
-                    f"{sorted(tag_taints)} differ",
+                    f"node taints {sorted(reg_taints.items())} and the autoscaler's node-template taints "
+                    f"{sorted(tag_taints.items())} differ",
                     vmss.urn,
                 )
         bootstrap = r.var("kubelet", host, "kubelet_bootstrap_kubeconfig")
@@ -247,7 +249,7 @@ def _cluster_name(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
         if got != want:
             yield Finding(f"kube-controller-manager names the cluster {got!r}, the stack {want!r}", host.urn)
     for s in view.of_type("azure-native:compute:VirtualMachineScaleSet"):
-        for key in ("cluster", "cluster-autoscaler-name"):
+        for key in ("cluster", autoscaling.NAME_TAG):
             if key in s.tags and s.tags[key] != want:
                 yield Finding(f"scale set tag {key} is {s.tags[key]!r}, the stack {want!r}", s.urn)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -37,9 +38,18 @@ def template_tag(kind: str, name: str) -> str:
     return f"{NODE_TEMPLATE}_{kind}_{name.replace('/', '_')}"
 
 
+ENABLED_TAG = "cluster-autoscaler-enabled"
+NAME_TAG = "cluster-autoscaler-name"
+
+
 def discovery_tags(cluster: str) -> dict[str, str]:
     """The tags that make a scale set one of this cluster's autoscaled node groups."""
-    return {"cluster-autoscaler-enabled": "true", "cluster-autoscaler-name": cluster}
+    return {ENABLED_TAG: "true", NAME_TAG: cluster}
+
+
+def is_autoscaled(tags: Mapping[str, str]) -> bool:
+    """Whether a scale set's tags enlist it for cluster-autoscaler."""
+    return tags.get(ENABLED_TAG) == "true"
 
 
 def auto_discovery_flag(cluster: str) -> str:
@@ -93,16 +103,6 @@ def peak_join_rate_per_second(nodes: int, per_scaleup: int, scan_interval: float
     batches = -(-nodes // batch)
     overlapping = min(batches, math.ceil(jitter / scan_interval))
     return overlapping * batch / jitter
-
-
-def peak_join_rate_per_minute(nodes: int, spec: ClusterSpec) -> float:
-    """The spec's peak join rate for a scale-up of `nodes`, in nodes per minute."""
-    return 60 * peak_join_rate_per_second(
-        nodes,
-        spec.autoscaler_max_nodes_per_scaleup,
-        spec.autoscaler_scan_interval_seconds,
-        spec.autoscaler_join_jitter_seconds,
-    )
 
 
 def max_nodes_total(spec: ClusterSpec) -> int:
