@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from superkube.inventory import GROUPS
+from superkube.kube import GROUPS
 from superkube.plan import Plan
 
 ENV = jinja2.Environment()

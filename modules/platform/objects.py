@@ -65,12 +65,11 @@ def create(
     owner: pulumi.ComponentResource,
     owner_name: str,
     manifests: Iterable[Manifest],
-    depends_on: list[pulumi.Resource] | None = None,
 ) -> list[pulumi.CustomResource]:
-    """One resource per manifest, children of `owner`; `depends_on` orders them after namespaces."""
+    """One resource per manifest, children of `owner` (whose dependencies and provider they inherit)."""
     created: list[pulumi.CustomResource] = []
     # the Kubernetes provider comes from the layer's `providers` option, inherited through `parent`
-    opts = pulumi.ResourceOptions(parent=owner, depends_on=depends_on or [])
+    opts = pulumi.ResourceOptions(parent=owner)
     for manifest in manifests:
         name = resource_name(owner_name, manifest)
         cls = _resource_class(manifest["apiVersion"], manifest["kind"])

@@ -17,9 +17,6 @@ from superkube import kube
 from superkube.ipam import AddressPlan
 from superkube.spec import ClusterSpec
 
-# The groups every inventory has, lab or Azure: the values of the superkube-role tag.
-GROUPS = kube.GROUPS
-
 
 def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     """What the roles need to know of the cluster (inventory vars, without the superkube_ prefix)."""
@@ -62,7 +59,7 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             {"prefix": "", "separator": "", "key": "tags['superkube-role'] | default('untagged')"}
         ],
         "conditional_groups": {
-            "cluster": f"tags['superkube-role'] | default('') in {json.dumps(list(GROUPS))}"
+            "cluster": f"tags['superkube-role'] | default('') in {json.dumps(list(kube.GROUPS))}"
         },
     }
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from superkube.inventory import GROUPS, cluster_facts
+from superkube.inventory import cluster_facts
 from superkube.ipam import FIRST_HOST_OFFSET
-from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
+from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GROUPS, NAT_HOST
 
 PREFIX = "sklab"
 SWITCH = f"{PREFIX}-switch"

@@ -142,10 +142,8 @@ def _strict(schema: Any) -> Any:
         and not schema.get("x-kubernetes-preserve-unknown-fields")
     ):
         out["additionalProperties"] = False
-        out["properties"] = {
-            **out["properties"],
-            **({"metadata": {"type": "object"}} if "metadata" in schema["properties"] else {}),
-        }
+        if "metadata" in out["properties"]:
+            out["properties"]["metadata"] = {"type": "object"}
     return out
 
 

@@ -460,7 +460,7 @@ class ClusterSpec(_Model):
         return v
 
     @model_validator(mode="after")
-    def _pool_names_unique(self) -> ClusterSpec:
+    def _pools_consistent(self) -> ClusterSpec:
         seen: set[str] = set()
         for i, pool in enumerate(self.node_pools):
             if pool.name in seen:
