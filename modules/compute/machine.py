@@ -133,6 +133,15 @@ class Machine(pulumi.ComponentResource):
         self.register_outputs({"vm_id": self.vm.id, "nic_id": self.nic.id, "private_ip": args.private_ip})
 
 
+PLACEMENT = ("location", "resource_group_name", "subnet_id", "vm_size", "admin_username", "ssh_public_key")
+"""MachineArgs fields that every machine of a group takes from its component's args, by the same name."""
+
+
+def placement(args: object) -> dict[str, Any]:
+    """The PLACEMENT fields of a component's args (API servers, etcd, NAT host), for MachineArgs."""
+    return {name: getattr(args, name) for name in PLACEMENT}
+
+
 def members(
     owner: pulumi.ComponentResource,
     name: str,

@@ -9,7 +9,7 @@ import pulumi
 from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
-from modules.compute.machine import members
+from modules.compute.machine import members, placement
 from superkube.kube import APISERVER_PORT as API_PORT
 from superkube.kube import APISERVERS
 
@@ -115,12 +115,7 @@ class ApiServers(pulumi.ComponentResource):
             vm_prefix=f"apiserver-{args.cluster}",
             member_ips=args.member_ips,
             zones=args.zones,
-            location=args.location,
-            resource_group_name=args.resource_group_name,
-            subnet_id=args.subnet_id,
-            vm_size=args.vm_size,
-            admin_username=args.admin_username,
-            ssh_public_key=args.ssh_public_key,
+            **placement(args),
             backend_pool_ids=[pool_id],
             depends_on=[self.load_balancer],
             tags=tags,

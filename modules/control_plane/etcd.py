@@ -9,7 +9,7 @@ from typing import Literal
 import pulumi
 
 from modules.common import require, tagged
-from modules.compute.machine import Machine, members
+from modules.compute.machine import Machine, members, placement
 from superkube.kube import ETCD_CLIENT_PORT as CLIENT_PORT
 from superkube.kube import etcd_group
 
@@ -65,12 +65,7 @@ class EtcdCluster(pulumi.ComponentResource):
             vm_prefix=f"etcd-{args.role}-{args.cluster}",
             member_ips=args.member_ips,
             zones=args.zones,
-            location=args.location,
-            resource_group_name=args.resource_group_name,
-            subnet_id=args.subnet_id,
-            vm_size=args.vm_size,
-            admin_username=args.admin_username,
-            ssh_public_key=args.ssh_public_key,
+            **placement(args),
             data_disk_gb=args.disk_gb,
             data_disk_sku=args.disk_sku,
             tags=tagged(args.tags, superkube_role=etcd_group(args.role)),

@@ -8,7 +8,7 @@ import pulumi
 from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
-from modules.compute.machine import Machine, MachineArgs
+from modules.compute.machine import Machine, MachineArgs, placement
 from superkube.kube import NAT_HOST
 
 
@@ -53,13 +53,8 @@ class NatHost(pulumi.ComponentResource):
             f"{name}-host",
             MachineArgs(
                 vm_name=f"nat-{args.cluster}",
-                location=args.location,
-                resource_group_name=args.resource_group_name,
-                subnet_id=args.subnet_id,
                 private_ip=args.private_ip,
-                vm_size=args.vm_size,
-                admin_username=args.admin_username,
-                ssh_public_key=args.ssh_public_key,
+                **placement(args),
                 ip_forwarding=True,
                 tags=tagged(args.tags, superkube_role=NAT_HOST),
             ),
