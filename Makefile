@@ -42,3 +42,4 @@ bench: install-test debian-deps
 	$(BIN)/python bench/converge.py
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/join_storm.py
+	$(BIN)/python bench/pod_network.py

@@ -9,12 +9,15 @@ import stat
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
+from tests.conftest import dev_config
 
 
 def test_plan_json_has_every_resource_with_type_name_inputs_parent_and_dependencies() -> None:
@@ -143,3 +146,24 @@ def test_every_command_group_is_reachable_through_python_dash_m() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "status" in proc.stdout
+
+
+def test_a_pools_default_egress_limit_is_planned_tagged_and_shown(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    pools = yaml.safe_load(config["superkube:node_pools"])
+    pools[1]["egress_limit"] = "500M"
+    config["superkube:node_pools"] = yaml.safe_dump(pools)
+    stack = str(write_stack(config))
+    result = CliRunner().invoke(app, ["plan", "--stack", stack])
+    assert result.exit_code == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert f"pool {pools[1]['name']}" in shown and "pod egress 500 Mbit/s by default" in shown
+    assert f"pool {pools[0]['name']}" in shown and "pod egress unlimited" in shown
+    doc = json.loads(CliRunner().invoke(app, ["plan", "--stack", stack, "--output", "json"]).stdout)
+    tags = {
+        r["inputs"]["tags"]["superkube-pool"]: r["inputs"]["tags"].get("superkube-egress-limit")
+        for r in doc["resources"]
+        if r["type"] == "azure-native:compute:VirtualMachineScaleSet"
+    }
+    # the nodes read this tag from instance metadata at boot (bits per second)
+    assert tags == {pools[0]["name"]: None, pools[1]["name"]: "500000000"}

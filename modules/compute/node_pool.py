@@ -10,6 +10,7 @@ from pulumi_azure_native import compute
 
 from modules.common import child, image_reference, linux_ssh_only, require, tagged
 from superkube import cloudinit
+from superkube.agents.cni_config import EGRESS_TAG
 from superkube.autoscaling import discovery_tags, template_tag
 from superkube.ipam import ScaleSetPlan
 from superkube.kube import GPU_RESOURCE, pool_group
@@ -131,6 +132,9 @@ class NodePool(pulumi.ComponentResource):
                 # the most VMs the plan lets this set hold, whether or not the autoscaler manages it
                 superkube_capacity=str(plan.capacity),
             )
+            if pool.egress_limit_bits:
+                # read back by the node's CNI config writer from instance metadata at boot
+                tags[EGRESS_TAG] = str(pool.egress_limit_bits)
             if args.autoscaler:
                 tags.update(autoscaler_tags(args.cluster, pool, plan, labels, taints))
             self.scale_sets.append(

@@ -141,6 +141,13 @@ def plan(
         out.print(f"diagram written to {diagram_file}")
 
 
+def _rate(bits: int) -> str:
+    for unit, size in (("Gbit/s", 10**9), ("Mbit/s", 10**6), ("kbit/s", 10**3)):
+        if bits >= size:
+            return f"{bits / size:g} {unit}"
+    return f"{bits} bit/s"
+
+
 def _print_plan(result: object, document: dict[str, object]) -> None:
     from superkube.plan import Plan
 
@@ -172,7 +179,12 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
     )
     for pool in topo["spoke"]["pools"]:
         branch = spoke.add(
-            f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {pool['nodes']:,} nodes, {pool['gpus']:,} GPUs"
+            f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {pool['nodes']:,} nodes, {pool['gpus']:,} GPUs, "
+            + (
+                f"pod egress {_rate(pool['pod_egress_limit_bits'])} by default"
+                if pool["pod_egress_limit_bits"]
+                else "pod egress unlimited"
+            )
         )
         for s in pool["scale_sets"]:
             branch.add(

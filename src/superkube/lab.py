@@ -3,7 +3,9 @@
 Layout (nothing is added to the machine's own network namespace):
 
     netns sklab-switch: bridge `br0`, routing between the lab's subnets, one address per subnet
-      (the .1 gateway, as in Azure) -- this is also where SSH to the hosts starts from
+      (the .1 gateway, as in Azure) -- this is also where SSH to the hosts starts from; like the
+      VNet fabric it routes each node's secondary (pod) IPs to that node and answers instance
+      metadata on 169.254.169.254 (superkube.imds, documents built from the plan's NICs and tags)
     netns sklab-<host>: `eth0` (a veth into the bridge) with the host's address, default route
       via the gateway; systemd-nspawn boots the host inside it (--register=no --keep-unit)
     root: an overlay per host (its own upper dir over one cached, debootstrapped base image)
@@ -23,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -63,6 +66,10 @@ BASE_PACKAGES = (
     "netcat-openbsd",
     "etcd-server",
     "etcd-client",
+    # the standard CNI plugins (production installs the same release, pinned by checksum) and
+    # iperf3 for the pod network's throughput tests
+    "containernetworking-plugins",
+    "iperf3",
 )
 IMAGE_RECIPE = 2  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
@@ -85,6 +92,14 @@ class Host:
     gateway: str
     pid: int | None = None
     pool: str = ""  # the stack's node pool of a gpu_nodes / cpu_nodes host
+    # the NIC's secondary IPs (a node's pod IPs), as Azure assigns them to the plan's pod-NNN
+    # IP configurations; the switch routes each to this host
+    secondary: list[str] = field(default_factory=list)
+    mac: str = ""
+
+    @property
+    def is_node(self) -> bool:
+        return self.group in (GPU_NODES, CPU_NODES)
 
     @property
     def netns(self) -> str:
@@ -101,6 +116,8 @@ class Lab:
     route_tables: list[list[str]] = field(default_factory=list)  # [source subnet, prefix, next hop]
     # what cloud-init writes on a node of each pool (path -> [content, mode]), from the plan
     cloud_init: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # each pool's first scale set in the plan: name, location, vm_size, tags, secondary IP count
+    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def service_cidr(self) -> str:
@@ -365,44 +382,138 @@ def _ensure_switch(subnets: Iterable[str]) -> None:
     for cidr in subnets:
         net = IPv4Network(cidr)
         run(["ip", "-n", SWITCH, "addr", "add", f"{net.network_address + 1}/{net.prefixlen}", "dev", "br0"])
+    # Azure's instance metadata address, answered from here as Azure answers it from the VM's host
+    run(["ip", "-n", SWITCH, "addr", "add", "169.254.169.254/32", "dev", "lo"])
     run(["ip", "netns", "exec", SWITCH, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+    # the fabric routes; it does not tell hosts to go around it
+    for conf in ("all", "default", "br0"):
+        run(["ip", "netns", "exec", SWITCH, "sysctl", "-qw", f"net.ipv4.conf.{conf}.send_redirects=0"])
 
 
 def _ensure_host_network(host: Host, index: int) -> None:
     outside, inside = f"skl{index}s", f"skl{index}h"
+    host.mac = f"00:0d:3a:5b:{index // 256:02x}:{index % 256:02x}"
     run(["ip", "netns", "add", host.netns])
-    run(["ip", "link", "add", inside, "type", "veth", "peer", "name", outside])
+    run(["ip", "link", "add", inside, "address", host.mac, "type", "veth", "peer", "name", outside])
     run(["ip", "link", "set", inside, "netns", host.netns])
     run(["ip", "link", "set", outside, "netns", SWITCH])
     run(["ip", "-n", SWITCH, "link", "set", outside, "master", "br0", "up"])
     run(["ip", "-n", host.netns, "link", "set", inside, "name", "eth0"])
-    run(["ip", "-n", host.netns, "addr", "add", f"{host.address}/{host.prefixlen}", "dev", "eth0"])
+    address = ["ip", "-n", host.netns, "addr", "add", f"{host.address}/{host.prefixlen}", "dev", "eth0"]
+    # A node reaches everything through the gateway, as an Azure VM's packets all pass the fabric
+    # (which answers for the whole subnet): only so can a pod IP on another node, which no host
+    # answers ARP for, be reached. Other hosts keep the plain on-link subnet.
+    run([*address, "noprefixroute"] if host.is_node else address)
     run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
     run(["ip", "-n", host.netns, "link", "set", "eth0", "up"])
+    if host.is_node:
+        run(["ip", "-n", host.netns, "route", "add", host.gateway, "dev", "eth0", "scope", "link"])
     run(["ip", "-n", host.netns, "route", "add", "default", "via", host.gateway])
+    for ip in host.secondary:  # the fabric delivers a NIC's secondary IPs to that NIC
+        run(["ip", "-n", SWITCH, "route", "add", f"{ip}/32", "via", host.address])
+
+
+def _start_imds(lab: Lab) -> None:
+    """The metadata service in the switch namespace (ended with the namespace by `down`)."""
+    docs = Path(lab.state_dir) / "imds.json"
+    docs.write_text(json.dumps(imds_documents(lab), indent=2))
+    launcher = 'exec "$@" >>"$SUPERKUBE_LAB_LOG" 2>&1 </dev/null &\necho $!'
+    command = ["ip", "netns", "exec", SWITCH, sys.executable, "-m", "superkube.imds", str(docs)]
+    subprocess.run(
+        ["setsid", "sh", "-c", launcher, "sh", *command],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SUPERKUBE_LAB_LOG": str(Path(lab.state_dir) / "imds.log")},
+        check=True,
+        timeout=30,
+    )
+    deadline = time.monotonic() + 10
+    probe = ["ip", "netns", "exec", SWITCH, "nc", "-z", "169.254.169.254", "80"]
+    while run(probe, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise LabError(
+                f"the lab's metadata service did not start; see {Path(lab.state_dir) / 'imds.log'}"
+            )
+        time.sleep(0.1)
 
 
 def _host_dir(lab: Lab, host: Host) -> Path:
     return Path(lab.state_dir) / "hosts" / host.name
 
 
-def pool_cloud_init(project: Path | None = None) -> dict[str, dict[str, list[str]]]:
-    """What cloud-init writes on a node of each pool of the lab's stack: the plan's own custom data
-    of the pool's first scale set, decoded, so lab nodes register exactly as the plan's do."""
+def pool_facts(
+    project: Path | None = None,
+) -> tuple[dict[str, dict[str, list[str]]], dict[str, dict[str, Any]]]:
+    """From the plan of the lab's stack, per pool (its first scale set): what cloud-init writes on a
+    node (the custom data, decoded, so lab nodes register exactly as the plan's do), and what Azure
+    would tell the node about itself: the scale set, its tags and how many secondary IPs its NIC
+    configuration holds."""
     from superkube import cloudinit
     from superkube import plan as planning
 
     recorded = planning.run(project or planning.find_project(), LAB_STACK)
-    out: dict[str, dict[str, list[str]]] = {}
+    files_of: dict[str, dict[str, list[str]]] = {}
+    pools: dict[str, dict[str, Any]] = {}
     for vmss in recorded.of_type("azure-native:compute:VirtualMachineScaleSet"):
         pool = vmss.inputs["tags"]["superkube-pool"]
-        if pool in out:
+        if pool in files_of:
             continue
-        doc = cloudinit.decode(vmss.inputs["virtualMachineProfile"]["osProfile"]["customData"])
+        profile = vmss.inputs["virtualMachineProfile"]
+        doc = cloudinit.decode(profile["osProfile"]["customData"])
         files = doc.get("write_files") or []
         assert isinstance(files, list)
-        out[pool] = {f["path"]: [f["content"], f.get("permissions", "0644")] for f in files}
-    return out
+        files_of[pool] = {f["path"]: [f["content"], f.get("permissions", "0644")] for f in files}
+        nic = profile["networkProfile"]["networkInterfaceConfigurations"][0]
+        pools[pool] = {
+            "scale_set": vmss.inputs["vmScaleSetName"],
+            "location": vmss.inputs["location"],
+            "vm_size": vmss.inputs["sku"]["name"],
+            "tags": dict(vmss.inputs["tags"]),
+            "secondary_ips": sum(1 for c in nic["ipConfigurations"] if not c.get("primary")),
+        }
+    return files_of, pools
+
+
+POD_IP_OFFSET = FIRST_HOST_OFFSET + MAX_HOSTS  # secondary IPs start past every host's own
+
+
+def assign_secondary_ips(hosts: list[Host], pools: dict[str, dict[str, Any]]) -> None:
+    """Give each node host its pool's count of secondary IPs in its subnet, past the hosts' own
+    addresses, one block per host, as Azure's dynamic allocation hands out free addresses."""
+    index: dict[str, int] = {}
+    for h in hosts:
+        if not h.is_node:
+            continue
+        net = IPv4Network((h.address, h.prefixlen), strict=False)
+        count = pools[h.pool]["secondary_ips"]
+        k = index.get(str(net), 0)
+        index[str(net)] = k + 1
+        first = net.network_address + POD_IP_OFFSET + k * count
+        if first + count >= net.broadcast_address:
+            raise LabError(f"subnet {net} holds no more pod IPs for {h.name}; use fewer --hosts")
+        h.secondary = [str(first + i) for i in range(count)]
+
+
+def imds_documents(lab: Lab) -> dict[str, dict[str, Any]]:
+    """Each node host's instance metadata, from its pool's scale set in the plan."""
+    from superkube import imds
+
+    docs = {}
+    for h in lab.hosts:
+        if h.is_node:
+            pool = lab.pools[h.pool]
+            docs[h.name] = imds.document(
+                name=f"{pool['scale_set']}_{h.name}",
+                scale_set=pool["scale_set"],
+                location=pool["location"],
+                vm_size=pool["vm_size"],
+                tags=pool["tags"],
+                primary=h.address,
+                secondary=h.secondary,
+                prefixlen=h.prefixlen,
+                mac=h.mac,
+            )
+    return docs
 
 
 def _prepare_root(lab: Lab, host: Host) -> Path:
@@ -611,13 +722,16 @@ def up(
     hosts, subnets, facts = layout(nodes if isinstance(nodes, dict) else parse_hosts(nodes))
     base = build_base_image(lambda what, f: progress(what, 0.6 * f), cache_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    progress("planning the stack's cloud-init", 0.6)
+    progress("planning the stack's cloud-init and NICs", 0.6)
+    cloud_init, pools = pool_facts()
+    assign_secondary_ips(hosts, pools)
     lab = Lab(
         hosts=hosts,
         subnets=subnets,
         state_dir=str(state_dir),
         base_image=str(base),
-        cloud_init=pool_cloud_init(),
+        cloud_init=cloud_init,
+        pools=pools,
         **facts,
     )
     try:
@@ -627,6 +741,7 @@ def up(
             progress(f"network for {h.name}", 0.6 + 0.1 * i / len(hosts))
             _ensure_host_network(h, i)
         _ensure_route_tables(lab.route_tables)
+        _start_imds(lab)
         for h in hosts:
             _prepare_root(lab, h)
         _write_known_hosts(lab)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from superkube.agents.cni_config import EGRESS_TAG
 from superkube.ipam import AddressPlan
 
 if TYPE_CHECKING:
@@ -84,6 +85,11 @@ def topology(plan: Plan) -> dict[str, Any]:
         }
         for r in plan.of_type("azure-native:network:Route")
     ]
+    egress = {  # each pool's default pod egress limit, as its scale sets' tag carries it to the nodes
+        r.inputs["tags"]["superkube-pool"]: int(r.inputs["tags"][EGRESS_TAG])
+        for r in plan.of_type("azure-native:compute:VirtualMachineScaleSet")
+        if EGRESS_TAG in r.inputs.get("tags", {})
+    }
     pools = []
     for pool in plan.spec.node_pools:
         sets = a.pool_scale_sets(pool.name)
@@ -94,6 +100,7 @@ def topology(plan: Plan) -> dict[str, Any]:
                 "vm_size": pool.vm_size,
                 "nodes": pool.nodes,
                 "gpus": pool.nodes * pool.gpus_per_node,
+                "pod_egress_limit_bits": egress.get(pool.name),
                 "scale_sets": [
                     {
                         "name": s.name,

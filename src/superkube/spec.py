@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from superkube.agents.cni_bandwidth import parse_rate
+
 NAMESPACE = "superkube"
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
 """The secret config key holding the cluster's admin kubeconfig for the in-cluster layer: the Kubernetes
@@ -97,6 +99,26 @@ class NodePool(_Model):
     os_disk_gb: int = Field(default=256, ge=64, le=4095, description="OS disk size in GiB.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
     taints: list[str] = Field(default_factory=list, description="Extra taints as key=value:Effect.")
+    egress_limit: str | None = Field(
+        default=None,
+        description=(
+            "Default egress limit of each pod on the pool's nodes, in bits/s as the pod annotation "
+            "kubernetes.io/egress-bandwidth writes it (10M, 500M, 1G); a pod's own annotation wins. "
+            "Off (unlimited) by default."
+        ),
+    )
+
+    @field_validator("egress_limit", mode="before")
+    @classmethod
+    def _egress_limit(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        parse_rate(v)  # RateError is a ValueError: one line naming the key
+        return str(v).strip()
+
+    @property
+    def egress_limit_bits(self) -> int | None:
+        return parse_rate(self.egress_limit) if self.egress_limit else None
 
     @field_validator("zones", mode="before")
     @classmethod

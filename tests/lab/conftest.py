@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from superkube import lab
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
 CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=1"
+POD_NETWORK = "gpu_nodes=2"  # two nodes of one pool for pods across nodes (+ hub client, internet)
 
 
 class Labs:
@@ -46,11 +48,27 @@ def fleet(labs: Labs) -> lab.Lab:
 
 
 @pytest.fixture(scope="module")
+def pod_network(labs: Labs) -> lab.Lab:
+    return labs.get(POD_NETWORK)
+
+
+@pytest.fixture(scope="module")
 def control_plane(labs: Labs) -> lab.Lab:
     return labs.get(CONTROL_PLANE)
 
 
-def sh(fleet: lab.Lab, host: str, command: str) -> str:
-    proc = lab.ssh(fleet, fleet.host(host), command)
+def sh(fleet: lab.Lab, host: str, command: str, timeout: float = 60) -> str:
+    proc = lab.ssh(fleet, fleet.host(host), command, timeout=timeout)
     assert proc.returncode == 0, f"{host}: {command}: {proc.stderr}"
     return proc.stdout
+
+
+def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
+    text = sh(fleet_, host, "curl -s -m 5 http://127.0.0.1:9455/metrics")
+    out = {}
+    for m in re.finditer(r"^iptables_rule_bytes_total\{([^}]*)\} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        assert labels["cluster"] == "flagship" and labels["table"] == "mangle"
+        out[labels["traffic"]] = float(m.group(2))
+    assert "iptables_scrape_success 1.0" in text
+    return out

@@ -6,7 +6,6 @@ Runs in file order on the session's lab: the fault test converges the fleet for 
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
@@ -15,7 +14,7 @@ from typer.testing import CliRunner
 from superkube import fleet as runner
 from superkube import lab
 from superkube.cli import app
-from tests.lab.conftest import sh
+from tests.lab.conftest import counters, sh
 
 STOPPED = ("cpu-2", "etcd-events-1")
 
@@ -79,17 +78,6 @@ def test_rules_come_back_at_boot_without_a_converge(fleet: lab.Lab) -> None:
         assert "traffic=internet-out" in sh(booted, name, "iptables -t mangle -S SUPERKUBE-ACCT-OUT")
     assert "-j SUPERKUBE-NAT-POST" in sh(booted, "nat", "iptables -t nat -S POSTROUTING")
     assert sh(booted, "nat", "sysctl -n net.ipv4.ip_forward").strip() == "1"
-
-
-def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
-    text = sh(fleet_, host, "curl -s -m 5 http://127.0.0.1:9455/metrics")
-    out = {}
-    for m in re.finditer(r"^iptables_rule_bytes_total\{([^}]*)\} (\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        assert labels["cluster"] == "flagship" and labels["table"] == "mangle"
-        out[labels["traffic"]] = float(m.group(2))
-    assert "iptables_scrape_success 1.0" in text
-    return out
 
 
 def test_internet_traffic_is_counted_and_internal_traffic_is_not(fleet: lab.Lab) -> None:

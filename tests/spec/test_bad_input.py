@@ -46,6 +46,24 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "superkube:node_pools[0].pod_ips_per_node",
         "256",
     ),
+    (
+        "egress-limit-in-bytes-words",
+        {"node_pools": pools(egress_limit="10Mbps")},
+        "superkube:node_pools[0].egress_limit",
+        "not a rate",
+    ),
+    (
+        "egress-limit-milli",
+        {"node_pools": pools(egress_limit="100m")},
+        "superkube:node_pools[0].egress_limit",
+        "write M for mega",
+    ),
+    (
+        "egress-limit-too-small",
+        {"node_pools": pools(egress_limit="10")},
+        "superkube:node_pools[0].egress_limit",
+        "1k to 1P",
+    ),
     ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
     (
         "unknown-pool-key",

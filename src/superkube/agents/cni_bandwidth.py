@@ -1,0 +1,158 @@
+#!/usr/bin/python3 -IS
+"""`superkube-bandwidth`: the CNI bandwidth plugin with a burst that lets a pod's egress limit hold.
+
+The kubelet (through the container runtime's CRI plugin) turns the `kubernetes.io/egress-bandwidth`
+pod annotation into the bandwidth capability `{"egressRate": <bits/s>, "egressBurst": 2**32 - 1}`.
+The standard bandwidth plugin builds a token bucket (tc tbf) from that pair, and a bucket of 4 Gbit
+lets the first half gigabyte of every flow through at line rate; its buffer arithmetic also works in
+32 bits, which that burst overflows. Either way the limit does not hold for the transfers a limit is
+meant for.
+
+This plugin sits where the bandwidth plugin would in the chain (capabilities `bandwidth`), bounds
+each burst to what the rate needs -- 10 ms of the rate, at least 64 KiB so one GSO segment fits --
+fills in the node pool's default egress rate (`defaultEgressRate`, bits/s) for pods that ask for
+none, and hands the result to the standard `bandwidth` plugin found on CNI_PATH, which does the
+shaping (ifb device, tbf) and its own clean-up on DEL.
+
+Standard library only: it runs on nodes as a CNI plugin, and `superkube.spec` reuses `parse_rate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+PLUGIN = "bandwidth"  # the standard plugin this one hands over to
+BURST_SECONDS = Decimal("0.01")  # the bucket holds 10 ms of the rate ...
+MIN_BURST_BITS = 64 * 1024 * 8  # ... and never less than one 64 KiB GSO segment
+# the kubelet's own bounds for the bandwidth annotations (1 kbit/s to 1 Pbit/s)
+MIN_RATE = 1_000
+MAX_RATE = 10**15
+
+_SUFFIX = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
+
+
+class RateError(ValueError):
+    """A rate that is not a Kubernetes quantity of bits per second in the kubelet's range."""
+
+
+def parse_rate(text: str | int) -> int:
+    """A bandwidth quantity as the kubelet reads the annotation ("10M", "1G", "500Ki") -> bits/s."""
+    raw = str(text).strip()
+    match = _QUANTITY.match(raw)
+    if not match or match.group(2) not in _SUFFIX:
+        unit = match.group(2) if match else ""
+        hint = " ('m' means milli; write M for mega)" if unit == "m" else ""
+        raise RateError(
+            f"{raw!r} is not a rate{hint}; write bits per second as a Kubernetes quantity "
+            "such as 10M, 500M, 1G or 2Gi"
+        )
+    try:
+        value = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except InvalidOperation:
+        raise RateError(f"{raw!r} is not a number of bits per second") from None
+    bits = int(value.to_integral_value(rounding=ROUND_CEILING))
+    if not MIN_RATE <= bits <= MAX_RATE:
+        raise RateError(f"{raw!r} is outside 1k to 1P bits per second (the kubelet's bounds)")
+    return bits
+
+
+def bounded_burst(rate: int) -> int:
+    """The burst, in bits, this plugin gives a rate of `rate` bits/s."""
+    return max(MIN_BURST_BITS, int(rate * BURST_SECONDS))
+
+
+def shaped(conf: dict[str, Any]) -> dict[str, Any]:
+    """The configuration the standard bandwidth plugin gets for this plugin's `conf`."""
+    out = {k: v for k, v in conf.items() if k not in ("defaultEgressRate",)}
+    out["type"] = PLUGIN
+    runtime = dict(conf.get("runtimeConfig") or {})
+    asked = dict(runtime.get("bandwidth") or {})
+    default = conf.get("defaultEgressRate")
+    if default and not asked.get("egressRate"):
+        asked["egressRate"] = int(default)
+    for direction in ("egress", "ingress"):
+        rate = int(asked.get(f"{direction}Rate") or 0)
+        if rate:
+            burst = int(asked.get(f"{direction}Burst") or 0)
+            asked[f"{direction}Burst"] = min(burst, bounded_burst(rate)) if burst else bounded_burst(rate)
+        else:
+            asked.pop(f"{direction}Rate", None)
+            asked.pop(f"{direction}Burst", None)
+    if asked:
+        runtime["bandwidth"] = asked
+    else:
+        runtime.pop("bandwidth", None)
+    if runtime:
+        out["runtimeConfig"] = runtime
+    else:
+        out.pop("runtimeConfig", None)
+    return out
+
+
+def _error(conf: dict[str, Any], code: int, msg: str) -> int:
+    print(json.dumps({"cniVersion": conf.get("cniVersion", "1.0.0"), "code": code, "msg": msg}))
+    return 1
+
+
+def _find_plugin() -> str | None:
+    for directory in os.environ.get("CNI_PATH", "").split(os.pathsep):
+        candidate = os.path.join(directory, PLUGIN)
+        if directory and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def main() -> int:
+    raw = sys.stdin.read()
+    try:
+        conf = json.loads(raw)
+        if not isinstance(conf, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        return _error({}, 6, f"superkube-bandwidth: the network configuration is not JSON ({exc})")
+    if os.environ.get("CNI_COMMAND") == "VERSION":
+        print(json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["0.3.1", "0.4.0", "1.0.0"]}))
+        return 0
+    try:
+        if conf.get("defaultEgressRate") is not None:
+            conf["defaultEgressRate"] = parse_rate(conf["defaultEgressRate"])
+        forwarded = shaped(conf)
+    except (RateError, TypeError, ValueError) as exc:
+        return _error(conf, 7, f"superkube-bandwidth: {exc}")
+    if os.environ.get("CNI_COMMAND") == "ADD" and "bandwidth" not in forwarded.get("runtimeConfig", {}):
+        # nothing to shape: a chained plugin with nothing to do passes the previous result on
+        print(json.dumps(conf.get("prevResult") or {"cniVersion": conf.get("cniVersion", "1.0.0")}))
+        return 0
+    plugin = _find_plugin()
+    if plugin is None:
+        return _error(
+            conf, 7, f"superkube-bandwidth: no {PLUGIN} plugin on CNI_PATH; install the CNI plugins"
+        )
+    import subprocess  # only here: most pods ask for no shaping, and every ADD pays for imports
+
+    proc = subprocess.run([plugin], input=json.dumps(forwarded), capture_output=True, text=True)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
