@@ -5,6 +5,9 @@
 #   iptables           the lab's switch and the exporter tests (iptables-save/-restore)
 #   kubernetes-client  kubectl, which parses the kubeconfigs the roles write (unless one is installed)
 #   openssl            verifies the certificates the roles issue
+#   promtool, prometheus   from Debian's prometheus package, unpacked into .tools/bin without installing
+#                      the package (which would start a Prometheus server on this machine); tests
+#                      run them on loopback only
 set -euo pipefail
 packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl)
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
@@ -19,4 +22,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+tools="$(cd "$(dirname "$0")/.." && pwd)/.tools"
+if [ ! -x "$tools/bin/promtool" ] || [ ! -x "$tools/bin/prometheus" ]; then
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+  ( cd "$work" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } )
+  dpkg-deb -x "$work"/prometheus_*.deb "$work/x"
+  mkdir -p "$tools/bin"
+  install -m 0755 "$work/x/usr/bin/promtool" "$work/x/usr/bin/prometheus" "$tools/bin/"
 fi

@@ -332,6 +332,20 @@ class ClusterSpec(_Model):
         pattern=r"^Standard_[A-Za-z0-9_]+$",
         description="VM size of the NAT host in the hub.",
     )
+    prometheus_shards: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Prometheus servers sharing the scrape targets by hashmod of the address; each remote-writes "
+            "to metrics_store_url (superkube monitoring render)."
+        ),
+    )
+    metrics_store_url: str = Field(
+        default="http://vminsert.superkube-monitoring.svc:8480/insert/0/prometheus/api/v1/write",
+        pattern=r"^https?://[^\s]+$",
+        description="Remote-write URL of the long-term, Prometheus-compatible store (VictoriaMetrics).",
+    )
     autoscaler_enabled: bool = Field(
         default=True,
         description="Tag every pool for cluster-autoscaler discovery (min/max and node templates).",

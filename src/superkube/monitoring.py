@@ -1,0 +1,297 @@
+"""Prometheus for one cluster, generated from its spec: sharded scrape configs, drop rules, alerts.
+
+One place builds it all, so what is scraped, what is dropped and what is alerted on is reviewed
+with the cluster's spec:
+- `prometheus_shards` Prometheus servers share the targets by `hashmod` of the target address; every
+  shard scrapes every job, keeps only its own share, and remote-writes to the long-term store, so
+  queries see all shards' series in one place;
+- each job's `metric_relabel_configs` drop the series explosions known at this scale, each with the
+  reason (`DROP` below); `tests/monitoring` shows each rule removes its series and keeps siblings;
+- query limits (`QUERY_FLAGS`) and GOMAXPROCS (`gomaxprocs`) are flags and environment of the
+  server, for the unit that runs it;
+- alert and recording rules live in `data/monitoring/rules.yml`, each alert unit-tested with
+  `promtool test rules` (`data/monitoring/tests/`).
+
+Targets: the control plane and the NAT host at the plan's fixed addresses; Kubernetes nodes from
+node discovery (their InternalIP), so scale-ups need no new config; every host statically on the lab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from superkube.kube import (
+    APISERVER_PORT,
+    APISERVERS,
+    CPU_NODES,
+    ETCD_EVENTS,
+    ETCD_MAIN,
+    GPU_NODES,
+    NAT_HOST,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RULES = ROOT / "data" / "monitoring" / "rules.yml"
+RULE_TESTS = ROOT / "data" / "monitoring" / "tests"
+
+NODE_EXPORTER_PORT = 9100
+IPTABLES_EXPORTER_PORT = 9455
+ETCD_METRICS_PORT = 2381  # the etcd role's plain-HTTP metrics listener
+SCRAPE_INTERVAL = "30s"
+# Prometheus 2.x flags for the server (Debian's 2.42 and the release we pin both take them):
+# a query may not run past 2 minutes nor load more than 50 M samples into memory.
+QUERY_FLAGS = ("--query.timeout=2m", "--query.max-samples=50000000", "--query.max-concurrency=20")
+STORE_PATH = "/api/v1/write"  # VictoriaMetrics' Prometheus remote-write path (single-node)
+
+
+def gomaxprocs(cores: int) -> int:
+    """GOMAXPROCS for a Prometheus 2.x server on `cores` cores: all but one, left for the OS and
+    the remote-write senders' TLS (2.x does not read cgroup quotas; 3.x sets it itself)."""
+    return max(1, cores - 1)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """One metric_relabel rule that drops series, with the reason a reviewer reads."""
+
+    why: str
+    regex: str
+    source_labels: tuple[str, ...] = ("__name__",)
+
+    def config(self) -> dict[str, Any]:
+        return {"source_labels": list(self.source_labels), "regex": self.regex, "action": "drop"}
+
+
+# Histogram buckets the API server exports per verb x resource x scope x component: at 7,500 nodes
+# the largest single source of series. Keep le 0.05 0.1 0.4 1 5 10 60 +Inf (enough for the SLO and
+# the latency alerts), drop the other 16 boundaries.
+_APISERVER_LE = "0.005|0.025|0.2|0.6|0.8|1.25|1.5|2|3|4|6|8|15|20|30|45"
+
+DROP: dict[str, tuple[Drop, ...]] = {
+    "apiserver": (
+        Drop(
+            "request latency buckets: 16 of 24 boundaries x every verb/resource/scope; the 8 kept serve the SLO",
+            rf"apiserver_request_(duration|sli_duration|slo_duration)_seconds_bucket;({_APISERVER_LE})(\.0)?",
+            ("__name__", "le"),
+        ),
+        Drop(
+            "the API server's etcd client latency per resource type: a bucket set per kind, unused by any alert",
+            "etcd_request_duration_seconds_bucket",
+        ),
+        Drop(
+            "response and watch-event size histograms: per resource, never queried in operations",
+            "apiserver_(response_sizes|watch_events_sizes)_bucket",
+        ),
+        Drop(
+            "admission webhook and step latency buckets per plugin; counts and sums stay",
+            "apiserver_admission_(step|controller|webhook)_admission_duration_seconds_bucket",
+        ),
+    ),
+    "etcd": (
+        Drop(
+            "gRPC handling latency per method: buckets x every method; the etcd disk and leader alerts use others",
+            "grpc_server_handling_seconds_bucket",
+        ),
+        Drop("debugging series the etcd docs call unstable", "etcd_debugging_.*"),
+    ),
+    "kubelet": (
+        Drop(
+            "client and runtime-operation latency buckets per verb/operation on every node",
+            "(rest_client_request_duration_seconds|kubelet_runtime_operations_duration_seconds|storage_operation_duration_seconds)_bucket",
+        ),
+    ),
+    "cadvisor": (
+        Drop(
+            "per-container series no dashboard or alert reads (TCP/UDP usage, task states, load, "
+            "memory failures, block I/O per device)",
+            "container_(network_tcp_usage_total|network_udp_usage_total|tasks_state|cpu_load_average_10s|"
+            "memory_failures_total|blkio_device_usage_total)",
+        ),
+        Drop(
+            "cgroup series of system slices and pause containers (no container label): node-exporter covers the node",
+            "container_.*;",
+            ("__name__", "container"),
+        ),
+    ),
+    "node-exporter": (
+        Drop(
+            "per-CPU guest time and softnet stats: x 96-192 CPUs per GPU node, used by nothing",
+            "node_(cpu_guest_seconds_total|softnet_.*)",
+        ),
+        Drop("the exporter's own per-collector timings", "node_scrape_collector_.*"),
+    ),
+    "iptables-exporter": (
+        Drop("packet counts beside bytes: the accounting alerts use bytes", "iptables_rule_packets_total"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    port: int
+    groups: tuple[str, ...]  # inventory groups whose hosts are targets
+    scheme: str = "http"
+    drops: str = ""  # key of DROP
+    path: str = "/metrics"
+
+
+def jobs() -> tuple[Job, ...]:
+    nodes = (GPU_NODES, CPU_NODES)
+    return (
+        Job("apiserver", APISERVER_PORT, (APISERVERS,), "https", "apiserver"),
+        Job("etcd-main", ETCD_METRICS_PORT, (ETCD_MAIN,), drops="etcd"),
+        Job("etcd-events", ETCD_METRICS_PORT, (ETCD_EVENTS,), drops="etcd"),
+        Job("kubelet", 10250, nodes, "https", "kubelet"),
+        Job("cadvisor", 10250, nodes, "https", "cadvisor", "/metrics/cadvisor"),
+        Job(
+            "node-exporter",
+            NODE_EXPORTER_PORT,
+            (*nodes, NAT_HOST, ETCD_MAIN, ETCD_EVENTS, APISERVERS),
+            drops="node-exporter",
+        ),
+        Job("iptables-exporter", IPTABLES_EXPORTER_PORT, (*nodes, NAT_HOST), drops="iptables-exporter"),
+    )
+
+
+def _shard_relabel(shards: int, shard: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "source_labels": ["__address__"],
+            "modulus": shards,
+            "target_label": "__tmp_shard",
+            "action": "hashmod",
+        },
+        {"source_labels": ["__tmp_shard"], "regex": str(shard), "action": "keep"},
+    ]
+
+
+def _discovery(job: Job, targets: Mapping[str, Sequence[str]], nodes_from_kubernetes: bool) -> dict[str, Any]:
+    """Static targets for the job's groups; Kubernetes nodes come from node discovery in a cluster
+    (their InternalIP, the NIC's primary IP) so joining and leaving nodes need no new config."""
+    node_groups = {GPU_NODES, CPU_NODES}
+    out: dict[str, Any] = {}
+    hosts = sorted(
+        {
+            h
+            for g in job.groups
+            if not (nodes_from_kubernetes and g in node_groups)
+            for h in targets.get(g, ())
+        }
+    )
+    if hosts:
+        out["static_configs"] = [{"targets": [f"{h}:{job.port}" for h in hosts]}]
+    if nodes_from_kubernetes and node_groups & set(job.groups):
+        out["kubernetes_sd_configs"] = [{"role": "node"}]
+        out["relabel_configs"] = [
+            {
+                # static targets (control plane, NAT host) pass; discovered nodes get the job's port
+                "source_labels": ["__meta_kubernetes_node_address_InternalIP"],
+                "regex": "(.+)",
+                "replacement": f"${{1}}:{job.port}",
+                "target_label": "__address__",
+            },
+            {"source_labels": ["__meta_kubernetes_node_label_superkube_io_pool"], "target_label": "pool"},
+        ]
+    return out
+
+
+def prometheus_config(
+    cluster: str,
+    shards: int,
+    shard: int,
+    store_url: str,
+    targets: Mapping[str, Sequence[str]],
+    *,
+    nodes_from_kubernetes: bool = True,
+    rule_files: Sequence[str] = ("rules/*.yml",),
+    scrape_interval: str = SCRAPE_INTERVAL,
+) -> dict[str, Any]:
+    """One shard's prometheus.yml: `targets` maps inventory groups to host addresses (the plan's
+    control plane and NAT host in a cluster; every host on the lab, with nodes_from_kubernetes off)."""
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
+    scrape = []
+    for job in jobs():
+        found = _discovery(job, targets, nodes_from_kubernetes)
+        if not found:
+            continue
+        config: dict[str, Any] = {
+            "job_name": job.name,
+            "scheme": job.scheme,
+            "metrics_path": job.path,
+            **found,
+        }
+        config["relabel_configs"] = [*config.get("relabel_configs", []), *_shard_relabel(shards, shard)]
+        if job.scheme == "https":
+            config["tls_config"] = {"ca_file": "/etc/prometheus/pki/ca.crt"}
+            config["authorization"] = {"credentials_file": "/etc/prometheus/pki/token"}
+        if job.drops:
+            config["metric_relabel_configs"] = [d.config() for d in DROP[job.drops]]
+        scrape.append(config)
+    return {
+        "global": {
+            "scrape_interval": scrape_interval,
+            "evaluation_interval": scrape_interval,
+            "external_labels": {"cluster": cluster, "prometheus_shard": str(shard)},
+        },
+        "rule_files": list(rule_files),
+        "scrape_configs": scrape,
+        "remote_write": [
+            {
+                "url": store_url,
+                "queue_config": {"max_samples_per_send": 10000, "capacity": 20000, "max_shards": 30},
+            }
+        ],
+    }
+
+
+def cluster_targets(addresses: Any) -> dict[str, list[str]]:
+    """The plan's fixed hosts by group: API servers, etcd members, the NAT host."""
+    return {
+        APISERVERS: [str(ip) for ip in addresses.apiserver_ips],
+        ETCD_MAIN: [str(ip) for ip in addresses.etcd_main_ips],
+        ETCD_EVENTS: [str(ip) for ip in addresses.etcd_events_ips],
+        NAT_HOST: [str(addresses.nat_host_ip)],
+    }
+
+
+def render(config: dict[str, Any]) -> str:
+    """prometheus.yml text with each drop rule's reason as a comment above it."""
+    text = yaml.safe_dump(config, sort_keys=False, width=400)
+    reasons = {d.regex: d.why for drops in DROP.values() for d in drops}
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("regex: "):
+            reason = reasons.get(yaml.safe_load(stripped.removeprefix("regex: ")))
+            if reason:
+                lines.append(f"{line[: len(line) - len(stripped)]}# drops: {reason}")
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write(spec: Any, addresses: Any, out: Path, cluster: str) -> list[Path]:
+    """Every shard's config and the rules, as the cluster's Prometheus servers read them."""
+    written = []
+    (out / "rules").mkdir(parents=True, exist_ok=True)
+    rules = out / "rules" / "superkube.yml"
+    rules.write_text(RULES.read_text())
+    written.append(rules)
+    for shard in range(spec.prometheus_shards):
+        config = prometheus_config(
+            cluster,
+            spec.prometheus_shards,
+            shard,
+            spec.metrics_store_url,
+            cluster_targets(addresses),
+        )
+        path = out / f"prometheus-{shard}.yml"
+        path.write_text(render(config))
+        written.append(path)
+    return written
