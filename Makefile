@@ -43,3 +43,4 @@ bench: install-test debian-deps
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/join_storm.py
 	$(BIN)/python bench/pod_network.py
+	$(BIN)/python bench/monitoring.py

@@ -70,11 +70,15 @@ BASE_PACKAGES = (
     # iperf3 for the pod network's throughput tests
     "containernetworking-plugins",
     "iperf3",
+    # the monitoring role's Prometheus and VictoriaMetrics (their own services stay off)
+    "prometheus",
+    "victoria-metrics",
 )
-IMAGE_RECIPE = 2  # bump when the image steps below change
+IMAGE_RECIPE = 3  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
 MAX_HOSTS = 40
+MONITORING = "monitoring"  # the lab's own group beside the cluster's: Prometheus shards and the store
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
@@ -86,7 +90,7 @@ class LabError(Exception):
 @dataclass
 class Host:
     name: str
-    group: str  # one of GROUPS, or hub / internet
+    group: str  # one of GROUPS, monitoring, or hub / internet
     address: str
     prefixlen: int
     gateway: str
@@ -257,7 +261,9 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
         link.unlink(missing_ok=True)
     # Baked in, not running: the package's own single-node etcd has no place on a cluster host; the
     # etcd role runs the cluster's members under their own units.
-    (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / "etcd.service").unlink(missing_ok=True)
+    # Likewise the packaged Prometheus and VictoriaMetrics: the monitoring role runs its own units.
+    for unit in ("etcd.service", "prometheus.service", "victoria-metrics.service"):
+        (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / unit).unlink(missing_ok=True)
     (tmp / ".superkube-complete").write_text(
         json.dumps({"packages": sorted(BASE_PACKAGES), "recipe": IMAGE_RECIPE})
     )
@@ -279,9 +285,9 @@ def parse_hosts(text: str | int) -> int | dict[str, int]:
     counts: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         group, _, count = part.partition("=")
-        if group not in GROUPS or not count.isdigit():
+        if group not in (*GROUPS, MONITORING) or not count.isdigit():
             raise LabError(
-                f"--hosts {text!r}: {part!r} is not GROUP=COUNT; groups are {', '.join(GROUPS)}, "
+                f"--hosts {text!r}: {part!r} is not GROUP=COUNT; groups are {', '.join((*GROUPS, MONITORING))}, "
                 "e.g. --hosts etcd_main=5,etcd_events=3"
             )
         counts[group] = int(count)
@@ -293,7 +299,7 @@ def parse_hosts(text: str | int) -> int | dict[str, int]:
 def _groups_of(nodes: int | dict[str, int]) -> list[str]:
     """The group of each cluster host, in boot order."""
     if isinstance(nodes, dict):
-        return [g for g in GROUPS for _ in range(nodes.get(g, 0))]
+        return [g for g in (*GROUPS, MONITORING) for _ in range(nodes.get(g, 0))]
     return [GROUPS[i] if i < len(GROUPS) else (GPU_NODES, CPU_NODES)[i % 2] for i in range(nodes)]
 
 
@@ -336,7 +342,10 @@ def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str
     for group in _groups_of(nodes):
         counts[group] = counts.get(group, 0) + 1
         name = f"{group.removesuffix('_nodes').replace('_', '-')}-{counts[group]}"
-        if group == NAT_HOST:
+        if group == MONITORING:
+            # beside the hub client: reaches every cluster subnet as the hub does
+            place(name, group, addresses.subnet("shared").cidr)
+        elif group == NAT_HOST:
             if counts[group] > 1:
                 raise LabError(f"--hosts: the {LAB_STACK} plan has one NAT host; ask for nat_host=1")
             place("nat", group, addresses.subnet("nat").cidr, addresses.nat_host_ip)
@@ -680,7 +689,7 @@ def lab_services(lab: Lab) -> list[dict[str, Any]]:
 def write_inventory(lab: Lab) -> Path:
     """An Ansible inventory whose groups match production's, plus hub and internet."""
     common = f"-o ProxyCommand='{proxy_command()}' -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes"
-    groups: dict[str, Any] = {g: {"hosts": {}} for g in (*GROUPS, "hub", "internet")}
+    groups: dict[str, Any] = {g: {"hosts": {}} for g in (*GROUPS, MONITORING, "hub", "internet")}
     for h in lab.hosts:
         groups[h.group]["hosts"][h.name] = {
             "ansible_host": h.address,
@@ -833,7 +842,8 @@ def _terminate(pid: int | None, grace: float = 30) -> None:
     while time.monotonic() < end and alive(pid):
         time.sleep(0.2)
     if alive(pid):
-        os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may end between the check and the kill
+            os.killpg(pid, signal.SIGKILL)
         time.sleep(0.5)
 
 

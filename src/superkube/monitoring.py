@@ -211,6 +211,7 @@ def prometheus_config(
     nodes_from_kubernetes: bool = True,
     rule_files: Sequence[str] = ("rules/*.yml",),
     scrape_interval: str = SCRAPE_INTERVAL,
+    only_jobs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One shard's prometheus.yml: `targets` maps inventory groups to host addresses (the plan's
     control plane and NAT host in a cluster; every host on the lab, with nodes_from_kubernetes off)."""
@@ -218,6 +219,8 @@ def prometheus_config(
         raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
     scrape = []
     for job in jobs():
+        if only_jobs is not None and job.name not in only_jobs:
+            continue
         found = _discovery(job, targets, nodes_from_kubernetes)
         if not found:
             continue

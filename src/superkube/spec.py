@@ -549,6 +549,7 @@ PATTERN_WORDS = {
     r"^[a-z][a-z0-9-]*$": "write a lower-case name: a letter, then letters, digits or '-'",
     r"^1\.\d+\.\d+$": "write a Kubernetes version such as 1.35.0",
     r"^[a-z_][a-z0-9_-]{0,31}$": "write a Linux user name: lower-case letters, digits, '_' or '-', at most 32",
+    r"^https?://[^\s]+$": "write an http:// or https:// URL without spaces, e.g. http://vminsert:8480/insert/0/prometheus/api/v1/write",
 }
 
 

@@ -12,7 +12,7 @@ from superkube import lab
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
 CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=1"
-POD_NETWORK = "gpu_nodes=2"  # two nodes of one pool for pods across nodes (+ hub client, internet)
+POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + store (+ hub client, internet)
 
 
 class Labs:
@@ -50,6 +50,11 @@ def fleet(labs: Labs) -> lab.Lab:
 @pytest.fixture(scope="module")
 def pod_network(labs: Labs) -> lab.Lab:
     return labs.get(POD_NETWORK)
+
+
+@pytest.fixture(scope="module")
+def monitored(labs: Labs) -> lab.Lab:
+    return labs.get(POD_NETWORK)  # the same small lab: its nodes are what the monitoring host scrapes
 
 
 @pytest.fixture(scope="module")

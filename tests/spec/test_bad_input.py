@@ -64,6 +64,8 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "superkube:node_pools[0].egress_limit",
         "1k to 1P",
     ),
+    ("store-url-not-a-url", {"metrics_store_url": "vminsert:8480"}, "superkube:metrics_store_url", "URL"),
+    ("no-prometheus", {"prometheus_shards": 0}, "superkube:prometheus_shards", "1"),
     ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
     (
         "unknown-pool-key",
