@@ -66,7 +66,7 @@ def per_job(the_lab: lab.Lab, port: int) -> dict[str, dict[str, float]]:
 
 
 def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
-    from test_monitoring import apiserver_page  # the test suite's API-server-shaped page
+    from test_prometheus import apiserver_page  # the test suite's API-server-shaped page
 
     rows: dict[str, dict[str, float]] = {}
     for port in (9090, 9091):
