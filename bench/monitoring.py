@@ -30,27 +30,15 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "tests" / "monitoring")]
 
-from superkube import fleet, lab, monitoring  # noqa: E402
+from _lab import converged  # noqa: E402  (bench/ is the script's folder)
+
+from superkube import lab, monitoring  # noqa: E402
 
 HOST = "monitoring-1"
 
 
-def sh(the_lab: lab.Lab, command: str, host: str = HOST, timeout: float = 600) -> str:
-    proc = lab.ssh(the_lab, the_lab.host(host), command, timeout=timeout)
-    if proc.returncode != 0:
-        raise SystemExit(f"{host}: {command[:120]}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def put(the_lab: lab.Lab, path: str, text: str) -> None:
-    import subprocess
-
-    cmd = lab.ssh_command(the_lab, the_lab.host(HOST), f"mkdir -p {Path(path).parent} && cat > {path}")
-    subprocess.run(cmd, input=text, text=True, check=True, capture_output=True, timeout=120)
-
-
 def query(the_lab: lab.Lab, port: int, expr: str) -> list[dict[str, Any]]:
-    out = sh(the_lab, f"curl -sf 'http://127.0.0.1:{port}/api/v1/query?query={quote(expr)}'")
+    out = lab.run_on(the_lab, HOST, f"curl -sf 'http://127.0.0.1:{port}/api/v1/query?query={quote(expr)}'")
     return list(json.loads(out)["data"]["result"])
 
 
@@ -70,20 +58,21 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
 
     rows: dict[str, dict[str, float]] = {}
     for port in (9090, 9091):
-        for job, row in per_job(the_lab, port).items():
-            rows[job] = row
+        rows.update(per_job(the_lab, port))
     # a real etcd member on the monitoring host, and the synthetic API-server page, scraped through
     # their jobs' drop rules by a third Prometheus
-    sh(
+    lab.run_on(
         the_lab,
+        HOST,
         "systemd-run --unit bench-etcd etcd --data-dir /var/tmp/bench-etcd --listen-client-urls http://127.0.0.1:23790 "
         "--advertise-client-urls http://127.0.0.1:23790 --listen-peer-urls http://127.0.0.1:23800 "
         "--initial-advertise-peer-urls http://127.0.0.1:23800 --initial-cluster default=http://127.0.0.1:23800 "
         "--listen-metrics-urls http://127.0.0.1:23810",
     )
-    put(the_lab, "/var/tmp/bench-page/metrics", apiserver_page())
-    sh(
+    lab.put(the_lab, HOST, "/var/tmp/bench-page/metrics", apiserver_page())
+    lab.run_on(
         the_lab,
+        HOST,
         "systemd-run --unit bench-page python3 -m http.server 23820 --bind 127.0.0.1 -d /var/tmp/bench-page",
     )
     jobs = {j.name: j for j in monitoring.jobs()}
@@ -102,9 +91,10 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
             },
         ],
     }
-    put(the_lab, "/var/tmp/bench-prom/prometheus.yml", json.dumps(config))
-    sh(
+    lab.put(the_lab, HOST, "/var/tmp/bench-prom/prometheus.yml", json.dumps(config))
+    lab.run_on(
         the_lab,
+        HOST,
         "systemd-run --unit bench-prom prometheus --config.file=/var/tmp/bench-prom/prometheus.yml "
         "--storage.tsdb.path=/var/tmp/bench-prom/data --web.listen-address=127.0.0.1:9190",
     )
@@ -115,10 +105,10 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
             if len(extra) == 2 and all("after" in r for r in extra.values()):
                 rows.update(extra)
                 break
-        except SystemExit:
+        except lab.LabError:
             pass
         time.sleep(2)
-    sh(the_lab, "systemctl stop bench-etcd bench-page bench-prom")
+    lab.run_on(the_lab, HOST, "systemctl stop bench-etcd bench-page bench-prom")
     return rows
 
 
@@ -131,13 +121,15 @@ def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float
         for s in range(series):
             lines.append(f'bench_counter{{host="h{s % 500}",series="{s}"}} {p * 10 + s % 7} {ts}')
     body = "\n".join(lines) + "\n"
-    put(the_lab, "/var/tmp/bench-store/samples.prom", body)
+    lab.put(the_lab, HOST, "/var/tmp/bench-store/samples.prom", body)
     samples = series * points
-    before = sh(the_lab, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
+    before = lab.run_on(the_lab, HOST, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
     start = time.monotonic()
-    sh(
+    lab.run_on(
         the_lab,
+        HOST,
         "curl -sf --data-binary @/var/tmp/bench-store/samples.prom http://127.0.0.1:8428/api/v1/import/prometheus",
+        timeout=600,
     )
     # ingested when the store can count every sample
     while True:
@@ -149,11 +141,12 @@ def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float
             raise SystemExit(f"the store counts {total:.0f} of {samples} imported samples after 300 s")
         time.sleep(0.2)
     seconds = time.monotonic() - start
-    sh(
+    lab.run_on(
         the_lab,
+        HOST,
         "curl -s http://127.0.0.1:8428/internal/force_flush; sleep 6; curl -s http://127.0.0.1:8428/internal/force_merge; sleep 10",
     )
-    after = sh(the_lab, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
+    after = lab.run_on(the_lab, HOST, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
     vm_bytes = int(after) - int(before)
     # the same samples as a Prometheus TSDB block (OpenMetrics wants seconds and an EOF marker)
     om = (
@@ -161,12 +154,14 @@ def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float
         + "\n".join(line.rsplit(" ", 1)[0] + f" {int(line.rsplit(' ', 1)[1]) / 1000:.3f}" for line in lines)
         + "\n# EOF\n"
     )
-    put(the_lab, "/var/tmp/bench-store/samples.om", om)
-    sh(
+    lab.put(the_lab, HOST, "/var/tmp/bench-store/samples.om", om)
+    lab.run_on(
         the_lab,
+        HOST,
         "rm -rf /var/tmp/bench-store/tsdb && promtool tsdb create-blocks-from openmetrics /var/tmp/bench-store/samples.om /var/tmp/bench-store/tsdb >/dev/null",
+        timeout=600,
     )
-    prom_bytes = int(sh(the_lab, "du -sb /var/tmp/bench-store/tsdb | cut -f1"))
+    prom_bytes = int(lab.run_on(the_lab, HOST, "du -sb /var/tmp/bench-store/tsdb | cut -f1"))
     return {
         "samples": samples,
         "ingest_seconds": seconds,
@@ -181,21 +176,14 @@ def main() -> int:
     parser.add_argument("--series", type=int, default=5000)
     parser.add_argument("--points", type=int, default=60)
     args = parser.parse_args()
-    print("bringing up a lab of two GPU nodes and a monitoring host ...", flush=True)
-    the_lab = lab.up("gpu_nodes=2,monitoring=1", lambda what, f: None)
-    try:
-        result = fleet.converge(
-            the_lab.inventory, tags="node_software,iptables_accounting,iptables_exporter,monitoring"
-        )
-        if not result.ok:
-            raise SystemExit(f"converge failed: {result.failed_hosts}")
+    with converged(
+        "gpu_nodes=2,monitoring=1", "node_software,iptables_accounting,iptables_exporter,monitoring"
+    ) as the_lab:
         time.sleep(20)  # a few scrapes
         print("series before and after the drop rules ...", flush=True)
         drops = drop_figures(the_lab)
         print("ingestion and bytes per sample ...", flush=True)
         store = store_figures(the_lab, args.series, args.points)
-    finally:
-        lab.down()
     print("\nSeries per scraped host, before -> after the drop rules:")
     for job, row in sorted(drops.items()):
         print(

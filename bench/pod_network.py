@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from superkube import fleet, lab  # noqa: E402
+from _lab import converged  # noqa: E402  (bench/ is the script's folder)
+
+from superkube import lab  # noqa: E402
 from superkube.agents.cni_bandwidth import parse_rate  # noqa: E402
 
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
@@ -58,18 +59,6 @@ STOCK = {  # containerd's example network (its 10-containerd-net.conflist), on t
 }
 
 
-def sh(the_lab: lab.Lab, host: str, command: str, timeout: float = 600) -> str:
-    proc = lab.ssh(the_lab, the_lab.host(host), command, timeout=timeout)
-    if proc.returncode != 0:
-        raise SystemExit(f"{host}: {command}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def put(the_lab: lab.Lab, host: str, path: str, text: str) -> None:
-    cmd = lab.ssh_command(the_lab, the_lab.host(host), f"mkdir -p {Path(path).parent} && cat > {path}")
-    subprocess.run(cmd, input=text, text=True, check=True, capture_output=True, timeout=60)
-
-
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -77,7 +66,7 @@ def pct(values: list[float], q: float) -> float:
 
 def iperf(the_lab: lab.Lab, host: str, target: str, seconds: int, pod: str = "") -> float:
     inside = f"ip netns exec {pod} " if pod else ""
-    out = json.loads(sh(the_lab, host, f"{inside}iperf3 -c {target} -t {seconds} -J"))
+    out = json.loads(lab.run_on(the_lab, host, f"{inside}iperf3 -c {target} -t {seconds} -J"))
     return float(out["end"]["sum_received"]["bits_per_second"])
 
 
@@ -88,29 +77,31 @@ def pod_ip(result: str) -> str:
 def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, Any]:
     for host in ("gpu-1", "gpu-2"):
         for name in ("cnirun.py", "agents/cni_bandwidth.py"):
-            put(
+            lab.put(
                 the_lab, host, f"/root/cni/{Path(name).name}", (ROOT / "src" / "superkube" / name).read_text()
             )
-    put(the_lab, "gpu-1", "/root/cni/stock.conflist", json.dumps(STOCK))
-    conf = json.loads(sh(the_lab, "gpu-1", f"cat {CONFLIST}"))
+    lab.put(the_lab, "gpu-1", "/root/cni/stock.conflist", json.dumps(STOCK))
+    conf = json.loads(lab.run_on(the_lab, "gpu-1", f"cat {CONFLIST}"))
     conf["plugins"][1]["type"] = "bandwidth"  # the same chain, the standard plugin given the CRI burst
-    put(the_lab, "gpu-1", "/root/cni/stock-shaping.conflist", json.dumps(conf))
+    lab.put(the_lab, "gpu-1", "/root/cni/stock-shaping.conflist", json.dumps(conf))
     out: dict[str, Any] = {}
 
     print(f"CNI ADD latency over {pods} pods ...", flush=True)
-    ours = json.loads(sh(the_lab, "gpu-1", f"{CNIRUN} bench {pods}"))["add_seconds"]
-    stock = json.loads(sh(the_lab, "gpu-1", f"{CNIRUN} bench {pods} --conflist /root/cni/stock.conflist"))[
-        "add_seconds"
-    ]
+    ours = json.loads(lab.run_on(the_lab, "gpu-1", f"{CNIRUN} bench {pods}", timeout=600))["add_seconds"]
+    stock = json.loads(
+        lab.run_on(
+            the_lab, "gpu-1", f"{CNIRUN} bench {pods} --conflist /root/cni/stock.conflist", timeout=600
+        )
+    )["add_seconds"]
     out["add_latency_ms"] = {
         name: {"p50": 1000 * pct(v, 0.5), "p99": 1000 * pct(v, 0.99)}
         for name, v in (("ours", ours), ("stock", stock))
     }
 
     print("pod-to-pod vs node-to-node throughput ...", flush=True)
-    a = pod_ip(sh(the_lab, "gpu-1", f"{CNIRUN} add bench-a"))
-    b = pod_ip(sh(the_lab, "gpu-2", f"{CNIRUN} add bench-b"))
-    sh(the_lab, "gpu-2", "iperf3 -s -D && ip netns exec bench-b iperf3 -s -D -p 5201")
+    a = pod_ip(lab.run_on(the_lab, "gpu-1", f"{CNIRUN} add bench-a"))
+    b = pod_ip(lab.run_on(the_lab, "gpu-2", f"{CNIRUN} add bench-b"))
+    lab.run_on(the_lab, "gpu-2", "iperf3 -s -D && ip netns exec bench-b iperf3 -s -D -p 5201")
     time.sleep(0.5)
     del a
     pod_rates, node_rates = [], []
@@ -121,11 +112,11 @@ def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, A
         "pod_to_pod": statistics.median(pod_rates) / 1e9,
         "node_to_node": statistics.median(node_rates) / 1e9,
     }
-    sh(the_lab, "gpu-1", f"{CNIRUN} del bench-a")
-    sh(the_lab, "gpu-2", f"pkill -x iperf3; {CNIRUN} del bench-b")
+    lab.run_on(the_lab, "gpu-1", f"{CNIRUN} del bench-a")
+    lab.run_on(the_lab, "gpu-2", f"pkill -x iperf3; {CNIRUN} del bench-b")
 
     print("egress shaping ...", flush=True)
-    sh(the_lab, "internet", "iperf3 -s -D")
+    lab.run_on(the_lab, "internet", "iperf3 -s -D")
     internet = the_lab.host("internet").address
     out["shaping"] = {}
     for limit in LIMITS:
@@ -134,11 +125,11 @@ def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, A
             ("ours", CONFLIST),
             ("standard plugin, CRI burst", "/root/cni/stock-shaping.conflist"),
         ):
-            sh(the_lab, "gpu-1", f"{CNIRUN} add shaped --egress {limit} --conflist {conflist}")
+            lab.run_on(the_lab, "gpu-1", f"{CNIRUN} add shaped --egress {limit} --conflist {conflist}")
             try:
                 row[name] = iperf(the_lab, "gpu-1", internet, seconds, pod="shaped") / parse_rate(limit)
             finally:
-                sh(the_lab, "gpu-1", f"{CNIRUN} del shaped --conflist {conflist}")
+                lab.run_on(the_lab, "gpu-1", f"{CNIRUN} del shaped --conflist {conflist}")
         out["shaping"][limit] = row
     return out
 
@@ -149,15 +140,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    print("bringing up a lab of two GPU nodes ...", flush=True)
-    the_lab = lab.up("gpu_nodes=2", lambda what, f: None)
-    try:
-        result = fleet.converge(the_lab.inventory, tags="node_software,iptables_accounting,iptables_exporter")
-        if not result.ok:
-            raise SystemExit(f"converge failed: {result.failed_hosts}")
+    with converged("gpu_nodes=2", "node_software,iptables_accounting,iptables_exporter") as the_lab:
         figures = measure(the_lab, args.pods, args.seconds, args.reps)
-    finally:
-        lab.down()
     lat, thr = figures["add_latency_ms"], figures["throughput_gbit"]
     print(f"\nCNI ADD latency, {args.pods} pods one after another on one node (ms):")
     for name in ("ours", "stock"):

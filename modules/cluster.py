@@ -11,6 +11,7 @@ import pulumi
 from pulumi_azure_native import authorization, managedidentity, resources
 
 from modules.common import child, require
+from modules.compute.monitoring import HostsArgs, MonitoringHosts, MonitoringHostsArgs
 from modules.compute.node_pool import NodePool, NodePoolArgs
 from modules.control_plane.apiservers import ApiServers, ApiServersArgs
 from modules.control_plane.etcd import EtcdCluster, EtcdClusterArgs
@@ -165,6 +166,28 @@ class Cluster(pulumi.ComponentResource):
             )
             for role, ips in etcd_clusters(plan)
         }
+        where = {"location": location, "resource_group_name": self.group.name, **login}
+        self.monitoring = MonitoringHosts(
+            f"{name}-monitoring",
+            MonitoringHostsArgs(
+                cluster=cluster,
+                prometheus=HostsArgs(
+                    subnet_id=self.spoke.subnets["prometheus"].id, vm_size=spec.prometheus_vm_size, **where
+                ),
+                prometheus_ips=[str(ip) for ip in plan.prometheus_ips],
+                prometheus_disk_gb=spec.prometheus_disk_gb,
+                store=HostsArgs(
+                    subnet_id=self.spoke.subnets["metrics-store"].id,
+                    vm_size=spec.metrics_store_vm_size,
+                    **where,
+                ),
+                store_ips=[str(ip) for ip in plan.metrics_store_ips],
+                store_disk_gb=spec.metrics_store_disk_gb,
+                zones=zones,
+                tags=tags,
+            ),
+            opts=child(self),
+        )
         # The autoscaler resizes scale sets as this identity, which the cpu pools (where it runs) carry.
         self.autoscaler_identity = managedidentity.UserAssignedIdentity(
             f"{name}-autoscaler-identity",

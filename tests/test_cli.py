@@ -49,7 +49,7 @@ def test_plan_out_and_diagram_files(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert (
         "vmss-flagship-gpu-7" in result.stdout
-        and "63,984" in result.stdout
+        and "63,995" in result.stdout
         and "60,000 GPUs" in result.stdout
     )
     doc = json.loads(out.read_text())

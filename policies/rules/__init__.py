@@ -1,5 +1,13 @@
 """Every rule, in report order. Importing this never starts a policy server."""
 
-from policies.rules import compute, hygiene, network, platform, topology, wiring
+from policies.rules import compute, hygiene, monitoring, network, platform, topology, wiring
 
-ALL_RULES = [*topology.RULES, *network.RULES, *compute.RULES, *hygiene.RULES, *wiring.RULES, *platform.RULES]
+ALL_RULES = [
+    *topology.RULES,
+    *network.RULES,
+    *compute.RULES,
+    *hygiene.RULES,
+    *wiring.RULES,
+    *platform.RULES,
+    *monitoring.RULES,
+]

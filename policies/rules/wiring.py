@@ -16,7 +16,16 @@ from policies.rules.network import _routes as network_routes
 from superkube import autoscaling, kube, reference, wiring
 from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
-from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
+from superkube.kube import (
+    APISERVERS,
+    CPU_NODES,
+    ETCD_EVENTS,
+    ETCD_MAIN,
+    GPU_NODES,
+    METRICS_STORE,
+    MONITORING,
+    NAT_HOST,
+)
 
 LB = "azure-native:network:LoadBalancer"
 KUBECONFIG_URLS = {
@@ -165,6 +174,55 @@ def _etcd_urls(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fi
             )
 
 
+def _storage_nodes(flags: list[str]) -> list[str]:
+    values = [f.split("=", 1)[1] for f in flags if f.startswith("-storageNode=")]
+    return sorted(values[0].split(",")) if values else []
+
+
+@_rendering
+def _monitoring(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    """Each Prometheus host runs one shard, all shards once; each shard writes to a store host's
+    vminsert (or the store the spec names); every store host's vminsert and vmselect reach every
+    store host's vmstorage."""
+    stores = r.of(METRICS_STORE)
+    store_ips = sorted(h.address for h in stores)
+    shards: list[int] = []
+    for host in r.of(MONITORING):
+        mine = [int(s) for s in r.var("monitoring", host, "monitoring_host_shards")]
+        shards += mine
+        urls = r.var("monitoring", host, "monitoring_store_urls")
+        for shard in mine:
+            url = str(urls[shard]) if shard < len(urls) else ""
+            at = url.split("://", 1)[-1].split("/", 1)[0]
+            own = any(at == f"{ip}:{kube.VMINSERT_PORT}" for ip in store_ips)
+            external = config.monitoring.get("external_store")
+            if not own and not (external and url == external):
+                yield Finding(
+                    f"Prometheus shard {shard} on {host.name} writes to {url or 'nowhere'}, not to a store host's "
+                    f"vminsert ({', '.join(f'{ip}:{kube.VMINSERT_PORT}' for ip in store_ips)})",
+                    host.urn,
+                )
+    hosts = r.of(MONITORING)
+    if sorted(shards) != list(range(len(hosts))):
+        yield Finding(
+            f"the {len(hosts)} Prometheus hosts run shards {sorted(shards)}, not each of 0..{len(hosts) - 1} once"
+        )
+    for host in stores:
+        flags = r.var("metrics_store", host, "metrics_store_flags")
+        for part, port in (
+            ("vminsert", kube.VMSTORAGE_INSERT_PORT),
+            ("vmselect", kube.VMSTORAGE_SELECT_PORT),
+        ):
+            got = _storage_nodes([str(f) for f in flags.get(part, [])])
+            want = sorted(f"{ip}:{port}" for ip in store_ips)
+            if got != want:
+                yield Finding(
+                    f"{part} on {host.name} reaches vmstorage at {','.join(got) or 'nowhere'}, the plan's store "
+                    f"hosts are {','.join(want)}",
+                    host.urn,
+                )
+
+
 def _vmss(view: StackView, host: wiring.PlanHost) -> PlanResource:
     return next(s for s in view.of_type("azure-native:compute:VirtualMachineScaleSet") if s.urn == host.urn)
 
@@ -299,6 +357,15 @@ RULES = [
         "The API server stores in the plan's main etcd members and sends Events to the plan's events members.",
         "Keep etcd_main and etcd_events as the inventory groups the Pulumi program tags.",
         _etcd_urls,
+    ),
+    Rule(
+        "wiring-monitoring-store",
+        "high",
+        "Each Prometheus host runs one shard and writes to a store host's vminsert; every store host's "
+        "vminsert and vmselect reach every store host in the plan.",
+        "Keep monitoring and metrics_store as the inventory groups the Pulumi program tags; drop group "
+        "variables that override monitoring_store_urls or metrics_store_hosts.",
+        _monitoring,
     ),
     Rule(
         "wiring-kubelet-max-pods",

@@ -81,6 +81,9 @@ class RuleConfig:
     kubernetes_version: str = "1.35.0"
     safe_join_rate_per_minute: int = 300
     autoscaler_enabled: bool = True
+    # monitoring: every Prometheus shard's rendered config, the alert rules and their promtool tests
+    # (superkube.monitoring.bundle)
+    monitoring: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "limits": dict(self.limits)}
@@ -99,6 +102,7 @@ class RuleConfig:
                 "kubernetes_version",
                 "safe_join_rate_per_minute",
                 "autoscaler_enabled",
+                "monitoring",
             )
             if k in data
         }
@@ -242,6 +246,7 @@ def rule_config(
     spec: ClusterSpec, addresses: AddressPlan, group_vars: Mapping[str, Any] | None = None
 ) -> RuleConfig:
     """The rules' config from a stack's validated spec and address plan."""
+    from superkube import monitoring
     from superkube.inventory import azure_rm
 
     return RuleConfig(
@@ -255,6 +260,7 @@ def rule_config(
         service_cidr=spec.service_cidr,
         other_spokes_ips=sum(p.ips for p in spec.peered_spokes.values()),
         limits={name: limit.value for name, limit in addresses.limits.items()},
+        monitoring=monitoring.bundle(spec, addresses, addresses.cluster),
     )
 
 

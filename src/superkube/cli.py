@@ -177,6 +177,10 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
     spoke.add(
         f"etcd main: {len(topo['spoke']['etcd_main'])} members; etcd events: {len(topo['spoke']['etcd_events'])} members"
     )
+    spoke.add(
+        f"beside the cluster: {len(topo['spoke']['prometheus'])} Prometheus shards writing to "
+        f"{len(topo['spoke']['metrics_store'])} metrics store hosts"
+    )
     for pool in topo["spoke"]["pools"]:
         branch = spoke.add(
             f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {pool['nodes']:,} nodes, {pool['gpus']:,} GPUs, "

@@ -94,6 +94,13 @@ def render(plan: dict[str, Any]) -> str:
         ),
         ("etcd main", [f"{len(spoke['etcd_main'])} members", "premium data disks"]),
         ("etcd events", [f"{len(spoke['etcd_events'])} members", "/events override"]),
+        (
+            "monitoring",
+            [
+                f"{len(spoke['prometheus'])} Prometheus shards",
+                f"-> {len(spoke['metrics_store'])} store hosts",
+            ],
+        ),
     ]
     for i, (title, lines) in enumerate(boxes):
         bx = 40 + i * 230

@@ -105,6 +105,8 @@ class AddressPlan:
     apiserver_ips: tuple[IPv4Address, ...]
     etcd_main_ips: tuple[IPv4Address, ...]
     etcd_events_ips: tuple[IPv4Address, ...]
+    prometheus_ips: tuple[IPv4Address, ...]
+    metrics_store_ips: tuple[IPv4Address, ...]
     hub_peerings: int
     capacity: dict[str, int] = field(default_factory=dict)
 
@@ -295,6 +297,9 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
         ("apiservers", "apiservers", spec.apiserver_count + 1),  # + the internal load balancer's frontend
         ("etcd-main", "etcd-main", spec.etcd_main_count),
         ("etcd-events", "etcd-events", spec.etcd_events_count),
+        # beside the cluster, each in a subnet of its own so neither count moves the other's addresses
+        ("prometheus", "prometheus", spec.prometheus_shards),
+        ("metrics-store", "metrics-store", spec.metrics_store_count),
     ]
     spoke_requests = [(name, prefix_for(n)) for name, _, n in control] + pool_requests
     if len(spoke_requests) > limits["vnet_subnets"].value:
@@ -382,6 +387,7 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
         "pod_ips": sum(p.nodes * p.pod_ips_per_node for p in spec.node_pools),
         "scale_sets": len(scale_sets),
         "control_plane_vms": spec.apiserver_count + spec.etcd_main_count + spec.etcd_events_count + 1,
+        "monitoring_vms": spec.prometheus_shards + spec.metrics_store_count,
     }
     apis = by_name["apiservers"]
     return AddressPlan(
@@ -398,6 +404,8 @@ def plan_addresses(spec: ClusterSpec, stack: str) -> AddressPlan:
         apiserver_ips=tuple(apis.host(1 + i) for i in range(spec.apiserver_count)),
         etcd_main_ips=tuple(by_name["etcd-main"].host(i) for i in range(spec.etcd_main_count)),
         etcd_events_ips=tuple(by_name["etcd-events"].host(i) for i in range(spec.etcd_events_count)),
+        prometheus_ips=tuple(by_name["prometheus"].host(i) for i in range(spec.prometheus_shards)),
+        metrics_store_ips=tuple(by_name["metrics-store"].host(i) for i in range(spec.metrics_store_count)),
         hub_peerings=hub_peerings,
         capacity=capacity,
     )

@@ -17,6 +17,11 @@ from superkube.spec import ClusterSpec, NodePool
 APISERVER_PORT = 6443
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
+ETCD_METRICS_PORT = 2381  # the etcd members' plain-HTTP /metrics listener
+NODE_EXPORTER_PORT = 9100
+IPTABLES_EXPORTER_PORT = 9455
+# superkube's node agents (health, preflight) serve /metrics here on the host network
+NODE_AGENTS_METRICS_PORT = 9465
 CLUSTER_DOMAIN = "cluster.local"
 # Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
 # no pod IP, so a node's pod limit is its pod IPs plus these.
@@ -62,12 +67,36 @@ def max_pods(pool: NodePool) -> int:
     return pool.pod_ips_per_node + HOST_NETWORK_PODS
 
 
+def metrics_store_write_urls(spec: ClusterSpec, addresses: AddressPlan) -> list[str]:
+    """The remote-write URL of each Prometheus shard, in shard order: a store the spec names, or this
+    cluster's own store hosts' vminsert, shard i on store host i mod their count."""
+    if spec.metrics_store_url:
+        return [spec.metrics_store_url] * spec.prometheus_shards
+    ips = addresses.metrics_store_ips
+    return [
+        f"http://{ips[shard % len(ips)]}:{VMINSERT_PORT}/insert/0/prometheus/api/v1/write"
+        for shard in range(spec.prometheus_shards)
+    ]
+
+
 def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     """The wiring facts the roles read (inventory vars, without the superkube_ prefix)."""
     return {
         "apiserver_port": APISERVER_PORT,
         "etcd_client_port": ETCD_CLIENT_PORT,
         "etcd_peer_port": ETCD_PEER_PORT,
+        "etcd_metrics_port": ETCD_METRICS_PORT,
+        "node_exporter_port": NODE_EXPORTER_PORT,
+        "iptables_exporter_port": IPTABLES_EXPORTER_PORT,
+        "node_agents_metrics_port": NODE_AGENTS_METRICS_PORT,
+        # monitoring: shard i runs on prometheus_ips[i] and writes to metrics_store_write_urls[i]
+        "prometheus_ips": [str(ip) for ip in addresses.prometheus_ips],
+        "metrics_store_ips": [str(ip) for ip in addresses.metrics_store_ips],
+        "metrics_store_write_urls": metrics_store_write_urls(spec, addresses),
+        "vminsert_port": VMINSERT_PORT,
+        "vmselect_port": VMSELECT_PORT,
+        "vmstorage_insert_port": VMSTORAGE_INSERT_PORT,
+        "vmstorage_select_port": VMSTORAGE_SELECT_PORT,
         "apiserver_url": apiserver_url(addresses.apiserver_lb_ip),
         "apiserver_ips": [str(ip) for ip in addresses.apiserver_ips],
         "apiserver_sans": apiserver_ip_sans(addresses),
@@ -121,6 +150,16 @@ ETCD_MAIN = "etcd_main"
 ETCD_EVENTS = "etcd_events"
 APISERVERS = "apiservers"
 GROUPS = (GPU_NODES, CPU_NODES, NAT_HOST, ETCD_MAIN, ETCD_EVENTS, APISERVERS)
+# Hosts beside the cluster (groups of their own, outside `cluster`): one Prometheus shard each, and
+# the metrics store (VictoriaMetrics' cluster version) the shards remote-write to
+MONITORING = "monitoring"
+METRICS_STORE = "metrics_store"
+# every machine's role tag is one of these: the cluster's groups and the hosts beside it
+MACHINE_GROUPS = (*GROUPS, MONITORING, METRICS_STORE)
+VMINSERT_PORT = 8480  # the store's remote-write entry on every store host
+VMSELECT_PORT = 8481  # its query entry (Prometheus API under /select/0/prometheus)
+VMSTORAGE_INSERT_PORT = 8400  # vmstorage, for every host's vminsert
+VMSTORAGE_SELECT_PORT = 8401  # vmstorage, for every host's vmselect
 
 
 def pool_group(role: str) -> str:

@@ -37,7 +37,16 @@ import yaml
 
 from superkube.inventory import cluster_facts
 from superkube.ipam import FIRST_HOST_OFFSET
-from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GROUPS, NAT_HOST
+from superkube.kube import (
+    APISERVERS,
+    CPU_NODES,
+    ETCD_EVENTS,
+    ETCD_MAIN,
+    GPU_NODES,
+    GROUPS,
+    MONITORING,
+    NAT_HOST,
+)
 
 PREFIX = "sklab"
 SWITCH = f"{PREFIX}-switch"
@@ -78,7 +87,7 @@ IMAGE_RECIPE = 3  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
 MAX_HOSTS = 40
-MONITORING = "monitoring"  # the lab's own group beside the cluster's: Prometheus shards and the store
+HOST_GROUPS = (*GROUPS, MONITORING)  # groups --hosts may ask for: the cluster's and the monitoring hosts
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
 
@@ -285,9 +294,9 @@ def parse_hosts(text: str | int) -> int | dict[str, int]:
     counts: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         group, _, count = part.partition("=")
-        if group not in (*GROUPS, MONITORING) or not count.isdigit():
+        if group not in HOST_GROUPS or not count.isdigit():
             raise LabError(
-                f"--hosts {text!r}: {part!r} is not GROUP=COUNT; groups are {', '.join((*GROUPS, MONITORING))}, "
+                f"--hosts {text!r}: {part!r} is not GROUP=COUNT; groups are {', '.join(HOST_GROUPS)}, "
                 "e.g. --hosts etcd_main=5,etcd_events=3"
             )
         counts[group] = int(count)
@@ -299,7 +308,7 @@ def parse_hosts(text: str | int) -> int | dict[str, int]:
 def _groups_of(nodes: int | dict[str, int]) -> list[str]:
     """The group of each cluster host, in boot order."""
     if isinstance(nodes, dict):
-        return [g for g in (*GROUPS, MONITORING) for _ in range(nodes.get(g, 0))]
+        return [g for g in HOST_GROUPS for _ in range(nodes.get(g, 0))]
     return [GROUPS[i] if i < len(GROUPS) else (GPU_NODES, CPU_NODES)[i % 2] for i in range(nodes)]
 
 
@@ -635,6 +644,25 @@ def ssh(lab: Lab, host: Host, command: str, timeout: float = 60) -> subprocess.C
     return subprocess.run(ssh_command(lab, host, command), capture_output=True, text=True, timeout=timeout)
 
 
+def run_on(lab: Lab, name: str, command: str, timeout: float = 60) -> str:
+    """Run `command` on host `name` and return its output; a non-zero exit raises LabError with
+    the host, the command and what it printed on stderr."""
+    proc = ssh(lab, lab.host(name), command, timeout=timeout)
+    if proc.returncode != 0:
+        raise LabError(f"{name}: {command[:160]}: exit {proc.returncode}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def put(lab: Lab, name: str, path: str, text: str, timeout: float = 60) -> None:
+    """Write `text` to `path` on host `name`, making its folder."""
+    command = f"mkdir -p {Path(path).parent} && cat > {path}"
+    proc = subprocess.run(
+        ssh_command(lab, lab.host(name), command), input=text, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise LabError(f"{name}: writing {path}: exit {proc.returncode}: {proc.stderr.strip()}")
+
+
 RESTART_FAILED_UNITS = (
     "failed=$(systemctl list-units --state=failed --plain --no-legend | awk '{print $1}'); "
     'systemctl reset-failed; [ -z "$failed" ] || systemctl restart $failed'
@@ -689,7 +717,7 @@ def lab_services(lab: Lab) -> list[dict[str, Any]]:
 def write_inventory(lab: Lab) -> Path:
     """An Ansible inventory whose groups match production's, plus hub and internet."""
     common = f"-o ProxyCommand='{proxy_command()}' -o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes"
-    groups: dict[str, Any] = {g: {"hosts": {}} for g in (*GROUPS, MONITORING, "hub", "internet")}
+    groups: dict[str, Any] = {g: {"hosts": {}} for g in (*HOST_GROUPS, "hub", "internet")}
     for h in lab.hosts:
         groups[h.group]["hosts"][h.name] = {
             "ansible_host": h.address,

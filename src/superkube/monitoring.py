@@ -7,8 +7,8 @@ with the cluster's spec:
   queries see all shards' series in one place;
 - each job's `metric_relabel_configs` drop the series explosions known at this scale, each with the
   reason (`DROP` below); `tests/monitoring` shows each rule removes its series and keeps siblings;
-- query limits (`QUERY_FLAGS`) and GOMAXPROCS (`gomaxprocs`) are flags and environment of the
-  server, for the unit that runs it;
+- query limits and GOMAXPROCS are flags and environment of the server: the `monitoring` role's
+  unit sets them;
 - alert and recording rules live in `data/monitoring/rules.yml`, each alert unit-tested with
   `promtool test rules` (`data/monitoring/tests/`).
 
@@ -31,28 +31,20 @@ from superkube.kube import (
     CPU_NODES,
     ETCD_EVENTS,
     ETCD_MAIN,
+    ETCD_METRICS_PORT,
     GPU_NODES,
+    IPTABLES_EXPORTER_PORT,
     NAT_HOST,
+    NODE_AGENTS_METRICS_PORT,
+    NODE_EXPORTER_PORT,
+    metrics_store_write_urls,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "data" / "monitoring" / "rules.yml"
 RULE_TESTS = ROOT / "data" / "monitoring" / "tests"
 
-NODE_EXPORTER_PORT = 9100
-IPTABLES_EXPORTER_PORT = 9455
-ETCD_METRICS_PORT = 2381  # the etcd role's plain-HTTP metrics listener
 SCRAPE_INTERVAL = "30s"
-# Prometheus 2.x flags for the server (Debian's 2.42 and the release we pin both take them):
-# a query may not run past 2 minutes nor load more than 50 M samples into memory.
-QUERY_FLAGS = ("--query.timeout=2m", "--query.max-samples=50000000", "--query.max-concurrency=20")
-STORE_PATH = "/api/v1/write"  # VictoriaMetrics' Prometheus remote-write path (single-node)
-
-
-def gomaxprocs(cores: int) -> int:
-    """GOMAXPROCS for a Prometheus 2.x server on `cores` cores: all but one, left for the OS and
-    the remote-write senders' TLS (2.x does not read cgroup quotas; 3.x sets it itself)."""
-    return max(1, cores - 1)
 
 
 @dataclass(frozen=True)
@@ -139,6 +131,11 @@ class Job:
     scheme: str = "http"
     drops: str = ""  # key of DROP
     path: str = "/metrics"
+    reviewed: str = ""  # for a job with nothing to drop: why its series need no drop rule
+
+    def __post_init__(self) -> None:
+        if bool(self.drops) == bool(self.reviewed):
+            raise ValueError(f"scrape job {self.name}: give drop rules or say why it needs none, not both")
 
 
 def jobs() -> tuple[Job, ...]:
@@ -156,6 +153,13 @@ def jobs() -> tuple[Job, ...]:
             drops="node-exporter",
         ),
         Job("iptables-exporter", IPTABLES_EXPORTER_PORT, (*nodes, NAT_HOST), drops="iptables-exporter"),
+        Job(
+            "node-agents",
+            NODE_AGENTS_METRICS_PORT,
+            nodes,
+            reviewed="superkube's health and preflight agents export a few series per node, each bounded "
+            "by its check and result labels; nothing to drop",
+        ),
     )
 
 
@@ -264,19 +268,51 @@ def cluster_targets(addresses: Any) -> dict[str, list[str]]:
     }
 
 
+DROPS_COMMENT = "# drops: "
+REVIEWED_COMMENT = "# reviewed: "
+
+
 def render(config: dict[str, Any]) -> str:
-    """prometheus.yml text with each drop rule's reason as a comment above it."""
+    """prometheus.yml text with each drop rule's reason as a comment above it, and above a job
+    that drops nothing, why it needs no drop rule: what a reviewer reads, and what `superkube check`
+    insists on (policies/rules/monitoring.py)."""
     text = yaml.safe_dump(config, sort_keys=False, width=400)
     reasons = {d.regex: d.why for drops in DROP.values() for d in drops}
+    reviewed = {j.name: j.reviewed for j in jobs() if j.reviewed}
     lines = []
     for line in text.splitlines():
         stripped = line.strip()
+        if stripped.startswith("- job_name: "):
+            why = reviewed.get(yaml.safe_load(stripped.removeprefix("- job_name: ")))
+            if why:
+                lines.append(f"{line[: len(line) - len(stripped)]}{REVIEWED_COMMENT}{why}")
         if stripped.startswith("regex: "):
             reason = reasons.get(yaml.safe_load(stripped.removeprefix("regex: ")))
             if reason:
-                lines.append(f"{line[: len(line) - len(stripped)]}# drops: {reason}")
+                lines.append(f"{line[: len(line) - len(stripped)]}{DROPS_COMMENT}{reason}")
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def shard_configs(spec: Any, addresses: Any, cluster: str) -> list[str]:
+    """The rendered prometheus.yml of each of the cluster's shards."""
+    urls = metrics_store_write_urls(spec, addresses)
+    return [
+        render(
+            prometheus_config(cluster, spec.prometheus_shards, shard, urls[shard], cluster_targets(addresses))
+        )
+        for shard in range(spec.prometheus_shards)
+    ]
+
+
+def bundle(spec: Any, addresses: Any, cluster: str) -> dict[str, Any]:
+    """What `superkube check` reviews: every shard's rendered config, the rules, the rule tests."""
+    return {
+        "prometheus": shard_configs(spec, addresses, cluster),
+        "rules": RULES.read_text(),
+        "rule_tests": {p.name: p.read_text() for p in sorted(RULE_TESTS.glob("*.yml"))},
+        "external_store": spec.metrics_store_url,  # a store the spec names instead of its own hosts
+    }
 
 
 def write(spec: Any, addresses: Any, out: Path, cluster: str) -> list[Path]:
@@ -286,15 +322,8 @@ def write(spec: Any, addresses: Any, out: Path, cluster: str) -> list[Path]:
     rules = out / "rules" / "superkube.yml"
     rules.write_text(RULES.read_text())
     written.append(rules)
-    for shard in range(spec.prometheus_shards):
-        config = prometheus_config(
-            cluster,
-            spec.prometheus_shards,
-            shard,
-            spec.metrics_store_url,
-            cluster_targets(addresses),
-        )
+    for shard, text in enumerate(shard_configs(spec, addresses, cluster)):
         path = out / f"prometheus-{shard}.yml"
-        path.write_text(render(config))
+        path.write_text(text)
         written.append(path)
     return written

@@ -126,6 +126,8 @@ def topology(plan: Plan) -> dict[str, Any]:
             },
             "etcd_main": [str(i) for i in a.etcd_main_ips],
             "etcd_events": [str(i) for i in a.etcd_events_ips],
+            "prometheus": [str(i) for i in a.prometheus_ips],
+            "metrics_store": [str(i) for i in a.metrics_store_ips],
             "pools": pools,
         },
         "service_cidr": str(a.service_cidr),

@@ -337,14 +337,48 @@ class ClusterSpec(_Model):
         ge=1,
         le=64,
         description=(
-            "Prometheus servers sharing the scrape targets by hashmod of the address; each remote-writes "
-            "to metrics_store_url (superkube monitoring render)."
+            "Prometheus servers sharing the scrape targets by hashmod of the address, one host each in the "
+            "spoke's monitoring subnet; each remote-writes to the metrics store (superkube monitoring render)."
         ),
     )
+    prometheus_vm_size: str = Field(
+        default="Standard_E8s_v5",
+        pattern=r"^Standard_[A-Za-z0-9_]+$",
+        description="VM size of each Prometheus shard's host.",
+    )
+    prometheus_disk_gb: int = Field(
+        default=256,
+        ge=32,
+        le=4095,
+        description="Data disk of each Prometheus host in GiB: its own TSDB of recent samples (the store keeps the rest).",
+    )
+    metrics_store_count: int = Field(
+        default=3,
+        ge=2,
+        le=32,
+        description=(
+            "Hosts of the metrics store, the cluster version of VictoriaMetrics (vminsert, vmselect and "
+            "vmstorage on each; every sample is kept on 2 of them)."
+        ),
+    )
+    metrics_store_vm_size: str = Field(
+        default="Standard_E8s_v5",
+        pattern=r"^Standard_[A-Za-z0-9_]+$",
+        description="VM size of each metrics store host.",
+    )
+    metrics_store_disk_gb: int = Field(
+        default=1024,
+        ge=32,
+        le=32767,
+        description="Data disk of each metrics store host in GiB (vmstorage's data).",
+    )
     metrics_store_url: str = Field(
-        default="http://vminsert.superkube-monitoring.svc:8480/insert/0/prometheus/api/v1/write",
-        pattern=r"^https?://[^\s]+$",
-        description="Remote-write URL of the long-term, Prometheus-compatible store (VictoriaMetrics).",
+        default="",
+        pattern=r"^(https?://[^\s]+)?$",
+        description=(
+            "Remote-write URL of a Prometheus-compatible store elsewhere; empty (the default): each shard "
+            "writes to this cluster's own store hosts (shard i to store host i mod metrics_store_count)."
+        ),
     )
     autoscaler_enabled: bool = Field(
         default=True,
@@ -549,7 +583,7 @@ PATTERN_WORDS = {
     r"^[a-z][a-z0-9-]*$": "write a lower-case name: a letter, then letters, digits or '-'",
     r"^1\.\d+\.\d+$": "write a Kubernetes version such as 1.35.0",
     r"^[a-z_][a-z0-9_-]{0,31}$": "write a Linux user name: lower-case letters, digits, '_' or '-', at most 32",
-    r"^https?://[^\s]+$": "write an http:// or https:// URL without spaces, e.g. http://vminsert:8480/insert/0/prometheus/api/v1/write",
+    r"^(https?://[^\s]+)?$": "write an http:// or https:// URL without spaces, e.g. http://vminsert:8480/insert/0/prometheus/api/v1/write",
 }
 
 

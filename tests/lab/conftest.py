@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from superkube import lab
+from superkube.kube import IPTABLES_EXPORTER_PORT
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
@@ -69,7 +70,7 @@ def sh(fleet: lab.Lab, host: str, command: str, timeout: float = 60) -> str:
 
 
 def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
-    text = sh(fleet_, host, "curl -s -m 5 http://127.0.0.1:9455/metrics")
+    text = sh(fleet_, host, f"curl -s -m 5 http://127.0.0.1:{IPTABLES_EXPORTER_PORT}/metrics")
     out = {}
     for m in re.finditer(r"^iptables_rule_bytes_total\{([^}]*)\} (\S+)$", text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))

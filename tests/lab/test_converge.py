@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from superkube import fleet as runner
 from superkube import lab
 from superkube.cli import app
+from superkube.kube import NODE_EXPORTER_PORT
 from tests.lab.conftest import counters, sh
 
 STOPPED = ("cpu-2", "etcd-events-1")
@@ -86,13 +87,21 @@ def test_internet_traffic_is_counted_and_internal_traffic_is_not(fleet: lab.Lab)
     before = counters(fleet, "gpu-1")
     assert set(before) == {"internet-in", "internet-out"}
     assert (
-        sh(fleet, "gpu-1", f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{peer}:9100/metrics")
+        sh(
+            fleet,
+            "gpu-1",
+            f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{peer}:{NODE_EXPORTER_PORT}/metrics",
+        )
         == "200"
     )
     internal = counters(fleet, "gpu-1")
     assert internal == before, "node-to-node traffic is internal"
     assert (
-        sh(fleet, "gpu-1", f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{internet}:9100/metrics")
+        sh(
+            fleet,
+            "gpu-1",
+            f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{internet}:{NODE_EXPORTER_PORT}/metrics",
+        )
         == "200"
     )
     after = counters(fleet, "gpu-1")

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from superkube import lab
 from superkube.cli import app
+from superkube.kube import NODE_EXPORTER_PORT
 from tests.lab.conftest import sh
 
 
@@ -69,7 +70,7 @@ def test_hosts_reach_each_other_across_subnets(fleet: lab.Lab) -> None:
         sh(
             fleet,
             "hub-client",
-            f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{gpu.address}:9100/metrics",
+            f"curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{gpu.address}:{NODE_EXPORTER_PORT}/metrics",
         )
         == "200"
     )

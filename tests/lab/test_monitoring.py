@@ -13,15 +13,19 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import yaml
 
 from superkube import fleet as runner
 from superkube import lab
-from tests.lab.conftest import sh
+from superkube.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
+from tests.lab.conftest import counters, sh
 
+ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
 HOST = "monitoring-1"
-SHARDS = (9090, 9091)
-STORE = 8428
+SHARDS = tuple(ROLE["monitoring_prometheus_port"] + i for i in range(ROLE["monitoring_lab_shards"]))
+STORE = ROLE["monitoring_store_port"]
 NODES = ("gpu-1", "gpu-2")
+NODE, IPTABLES = NODE_EXPORTER_PORT, IPTABLES_EXPORTER_PORT
 
 
 def get(fleet_: lab.Lab, url: str) -> Any:
@@ -65,7 +69,7 @@ def mon(monitored: lab.Lab) -> lab.Lab:
 
 
 def targets(fleet_: lab.Lab) -> set[str]:
-    return {f"{fleet_.host(n).address}:{port}" for n in NODES for port in (9100, 9455)}
+    return {f"{fleet_.host(n).address}:{port}" for n in NODES for port in (NODE, IPTABLES)}
 
 
 def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: lab.Lab) -> None:
@@ -75,11 +79,10 @@ def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: lab.Lab) 
 
     seen = wait_for(per_shard, what="every target up")
     assert not seen[0] & seen[1], "hashmod gives each target to one shard"
-    in_store = wait_for(
+    wait_for(
         lambda: {r["metric"]["instance"] for r in query(mon, STORE, "up == 1")} == targets(mon),
         what="the store to hold every target's up",
     )
-    assert in_store
     shards = {r["metric"]["prometheus_shard"] for r in query(mon, STORE, "up")}
     assert shards == {str(i) for i, s in enumerate(seen) if s}
     # the units as systemd reads them (the template through an instance of it)
@@ -94,7 +97,7 @@ def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: lab.Lab) 
 
 def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: lab.Lab) -> None:
     node = mon.host("gpu-1").address
-    expr = f'sum(iptables_rule_bytes_total{{traffic="internet-out", instance="{node}:9455"}})'
+    expr = f'sum(iptables_rule_bytes_total{{traffic="internet-out", instance="{node}:{IPTABLES}"}})'
 
     def value() -> float:
         result = query(mon, STORE, expr)
@@ -106,23 +109,32 @@ def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: lab.La
     internet = mon.host("internet").address
     sh(mon, "internet", "pgrep -x iperf3 || iperf3 -s -D")
     sh(mon, "gpu-1", f"iperf3 -c {internet} -n {size} -J > /dev/null")
-    wait_for(lambda: value() >= before + size, timeout=60, what="the bytes to reach the store")
+    try:
+        wait_for(lambda: value() >= before + size, timeout=60, what="the bytes to reach the store")
+    except AssertionError as e:
+        # say where the bytes stopped: at the node's counter, in the shard, or on the way to the store
+        at_node = counters(mon, "gpu-1").get("internet-out")
+        in_shards = [query(mon, port, expr) for port in SHARDS]
+        raise AssertionError(
+            f"{e}: before {before:.0f} + sent {size}; store now {value():.0f}, node's exporter {at_node}, "
+            f"shards {in_shards}"
+        ) from None
 
 
 def test_a_dropped_series_is_gone_and_its_siblings_stay(mon: lab.Lab) -> None:
     node = mon.host("gpu-1").address
-    raw = sh(mon, HOST, f"curl -sf http://{node}:9100/metrics")
+    raw = sh(mon, HOST, f"curl -sf http://{node}:{NODE}/metrics")
     assert "node_scrape_collector_duration_seconds" in raw, "the exporter does export it"
-    raw_iptables = sh(mon, HOST, f"curl -sf http://{node}:9455/metrics")
+    raw_iptables = sh(mon, HOST, f"curl -sf http://{node}:{IPTABLES}/metrics")
     assert "iptables_rule_packets_total" in raw_iptables
     wait_for(
-        lambda: query(mon, STORE, f'node_cpu_seconds_total{{instance="{node}:9100"}}'), what="node series"
+        lambda: query(mon, STORE, f'node_cpu_seconds_total{{instance="{node}:{NODE}"}}'), what="node series"
     )
-    assert query(mon, STORE, f'node_scrape_collector_duration_seconds{{instance="{node}:9100"}}') == []
-    assert query(mon, STORE, f'node_scrape_collector_success{{instance="{node}:9100"}}') == []
-    assert query(mon, STORE, f'node_memory_MemTotal_bytes{{instance="{node}:9100"}}')
-    assert query(mon, STORE, f'iptables_rule_packets_total{{instance="{node}:9455"}}') == []
-    assert query(mon, STORE, f'iptables_rule_bytes_total{{instance="{node}:9455"}}')
+    assert query(mon, STORE, f'node_scrape_collector_duration_seconds{{instance="{node}:{NODE}"}}') == []
+    assert query(mon, STORE, f'node_scrape_collector_success{{instance="{node}:{NODE}"}}') == []
+    assert query(mon, STORE, f'node_memory_MemTotal_bytes{{instance="{node}:{NODE}"}}')
+    assert query(mon, STORE, f'iptables_rule_packets_total{{instance="{node}:{IPTABLES}"}}') == []
+    assert query(mon, STORE, f'iptables_rule_bytes_total{{instance="{node}:{IPTABLES}"}}')
 
 
 def test_killing_one_shard_stales_only_its_targets_and_the_store_keeps_what_it_had(mon: lab.Lab) -> None:

@@ -10,7 +10,6 @@ Runs in file order on one lab.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,17 +29,6 @@ CNIRUN = "cd /root/cni && python3 cnirun.py"
 NODES = ("gpu-1", "gpu-2")
 
 
-def put(fleet_: lab.Lab, host: str, path: str, text: str) -> None:
-    proc = subprocess.run(
-        lab.ssh_command(fleet_, fleet_.host(host), f"mkdir -p {Path(path).parent} && cat > {path}"),
-        input=text,
-        text=True,
-        capture_output=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-
-
 @pytest.fixture(scope="module")
 def net(pod_network: lab.Lab) -> lab.Lab:
     result = runner.converge(
@@ -49,7 +37,7 @@ def net(pod_network: lab.Lab) -> lab.Lab:
     assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
     for host in NODES:
         for name in ("cnirun.py", "agents/cni_bandwidth.py"):
-            put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
+            lab.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
     sh(pod_network, "internet", "iperf3 -s -D -p 5201 && iperf3 -s -D -p 5202")
     return pod_network
 
@@ -283,7 +271,7 @@ def test_an_unshaped_pod_beside_a_shaped_one_is_not_held_back(net: lab.Lab) -> N
 def test_the_pools_default_limit_holds_a_pod_that_asks_for_none(net: lab.Lab) -> None:
     conf = json.loads(sh(net, "gpu-1", f"cat {CONFLIST}"))
     conf["plugins"][1]["defaultEgressRate"] = 50_000_000  # as the pool's egress_limit: 50M would write it
-    put(net, "gpu-1", "/root/cni/default.conflist", json.dumps(conf))
+    lab.put(net, "gpu-1", "/root/cni/default.conflist", json.dumps(conf))
     add(net, "gpu-1", "plain", "--conflist /root/cni/default.conflist")
     try:
         rate = iperf(net, "gpu-1", "plain", seconds=5)

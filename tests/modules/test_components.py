@@ -56,6 +56,7 @@ def test_every_resource_has_a_superkube_component_parent(any_plan: Plan) -> None
                 "superkube:network:NatHost",
                 "superkube:control_plane:ApiServers",
                 "superkube:control_plane:EtcdCluster",
+                "superkube:compute:MonitoringHosts",
             },
         ),
     ],
@@ -274,9 +275,9 @@ def test_control_plane_never_on_gpu_sizes_and_nodes_only_in_the_spoke(any_plan: 
 
 
 def test_every_machines_role_tag_is_an_inventory_group(any_plan: Plan) -> None:
-    """The tag the program writes is what the inventory groups hosts by: one list, kube.GROUPS."""
-    from superkube.kube import GROUPS
+    """The tag the program writes is what the inventory groups hosts by: one list, kube.MACHINE_GROUPS."""
+    from superkube.kube import MACHINE_GROUPS
 
     machines = any_plan.of_type("azure-native:compute:VirtualMachine") + any_plan.of_type(VMSS)
     roles = {m.inputs["tags"]["superkube-role"] for m in machines}
-    assert roles == set(GROUPS)
+    assert roles == set(MACHINE_GROUPS)

@@ -11,22 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from superkube import checks, inventory, wiring
+from superkube import wiring
 from superkube.plan import Plan
 from tests.playbooks.test_flag_filters import ALL_KNOWN, flags_module
 
 VERSION = "1.35"
-
-
-@pytest.fixture(scope="module")
-def engine(flagship_plan: Plan) -> wiring.Wiring:
-    view = checks.StackView(
-        checks.PlanResource(r.urn, r.type, r.name, r.inputs, r.parent, tuple(r.dependencies))
-        for r in flagship_plan.resources
-    )
-    return wiring.Wiring(
-        wiring.plan_hosts(view.resources), inventory.azure_rm(flagship_plan.spec, flagship_plan.addresses)
-    )
 
 
 def first(engine: wiring.Wiring, group: str) -> wiring.PlanHost:

@@ -368,6 +368,14 @@ def scale_set_of_another_cluster(doc: Doc) -> None:
     gpu_vmss(doc)["inputs"]["tags"]["cluster"] = "another"
 
 
+def move_a_store_host(doc: Doc) -> None:
+    """One metrics store host's NIC at another address than the plan gave the inventory."""
+    (nic,) = [
+        n for n in of(doc, NIC) if n["inputs"].get("networkInterfaceName", "").startswith("nic-metrics-")
+    ][:1]
+    nic["inputs"]["ipConfigurations"][0]["privateIPAddress"] = "10.65.16.77"
+
+
 # rule -> the single change that must make it fire
 BY_RULE: dict[str, Callable[[Doc], None]] = {
     "topology-apiserver-count": drop_one_apiserver,

@@ -35,7 +35,9 @@ def test_rules_are_named_area_resource_rule_and_documented() -> None:
     for r in ALL_RULES:
         area, resource, rest = r.name.split("-", 2)
         assert (
-            area in {"topology", "network", "compute", "hygiene", "wiring", "platform"} and resource and rest
+            area in {"topology", "network", "compute", "hygiene", "wiring", "platform", "monitoring"}
+            and resource
+            and rest
         )
         assert r.severity in {"critical", "high", "medium", "low"}
         assert r.description.endswith(".") and r.remediation.endswith(".")
@@ -60,9 +62,12 @@ def test_rule_fires_when_one_field_changes(
 
 
 def test_every_rule_has_a_one_field_change() -> None:
+    from tests.policies.test_monitoring_rules import CASES as MONITORING_CASES  # changes to the config
     from tests.policies.test_platform import CASES as PLATFORM_CASES  # the in-cluster layer's own cases
+    from tests.policies.test_wiring import CASES as WIRING_CASES  # one fact changed in one layer
 
-    assert set(BY_RULE) | {c[2] for c in PLATFORM_CASES} | {
+    cased = {c[2] for c in PLATFORM_CASES} | {c[2] for c in MONITORING_CASES} | {c[4] for c in WIRING_CASES}
+    assert set(BY_RULE) | cased | {
         "network-peering-group-ip-limit",
         "wiring-etcd-urls",
         "wiring-component-config",

@@ -134,6 +134,31 @@ CASES: list[
         {},
         "wiring-node-registration",
     ),
+    ("plan: a store host elsewhere", m.move_a_store_host, None, {}, "wiring-monitoring-store"),
+    (
+        "inventory: shards write to a store outside the plan",
+        None,
+        _inventory_var(
+            "superkube_metrics_store_write_urls",
+            ["http://10.9.9.9:8480/insert/0/prometheus/api/v1/write"] * 8,
+        ),
+        {},
+        "wiring-monitoring-store",
+    ),
+    (
+        "group var: every host runs shard 0",
+        None,
+        None,
+        {"monitoring_host_shards": [0]},
+        "wiring-monitoring-store",
+    ),
+    (
+        "group var: one store host",
+        None,
+        None,
+        {"metrics_store_hosts": ["10.65.16.68"]},
+        "wiring-monitoring-store",
+    ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (
         "group var: controller-manager cluster name",

@@ -1,0 +1,79 @@
+"""The monitoring and metrics_store roles as a cluster's hosts get them, rendered offline by the roles'
+own templates over the flagship's inventory: each Prometheus host's shard config passes promtool and
+writes to a store host; each store host's units pass systemd-analyze and reach every store host."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from superkube import kube, wiring
+from superkube.plan import Plan
+from tests.monitoring.test_prometheus import checkable, promtool
+
+PARTS = ("vmstorage", "vminsert", "vmselect")
+
+
+def hosts(engine: wiring.Wiring, group: str) -> list[wiring.PlanHost]:
+    return [h for h in engine.hosts if h.group == group]
+
+
+def test_each_prometheus_host_runs_its_shard_and_writes_to_a_store_host(
+    engine: wiring.Wiring, flagship_plan: Plan, tmp_path: Path
+) -> None:
+    prometheus = hosts(engine, kube.MONITORING)
+    stores = [str(ip) for ip in flagship_plan.addresses.metrics_store_ips]
+    assert len(prometheus) == flagship_plan.spec.prometheus_shards == 8
+    writes_to = set()
+    for host in prometheus:
+        (shard,) = engine.render("monitoring", host, ["monitoring_host_shards"])["monitoring_host_shards"]
+        assert host.address == str(flagship_plan.addresses.prometheus_ips[shard])
+        text = engine.template("monitoring", host, "prometheus.yml.j2", item=shard)
+        config = yaml.safe_load(text)
+        assert config["global"]["external_labels"]["prometheus_shard"] == str(shard)
+        (write,) = config["remote_write"]
+        store = re.fullmatch(
+            rf"http://([\d.]+):{kube.VMINSERT_PORT}/insert/0/prometheus/api/v1/write", write["url"]
+        )
+        assert store and store.group(1) in stores, write["url"]
+        writes_to.add(store.group(1))
+        # the file as the role writes it, checked by promtool as the role's validate step does
+        path = tmp_path / f"shard-{shard}.yml"
+        path.write_text(yaml.safe_dump(checkable(config, tmp_path / "pki")))
+        (tmp_path / "rules").mkdir(exist_ok=True)
+        proc = promtool("check", "config", str(path))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert writes_to == set(stores), "the shards spread their writes over every store host"
+
+
+def test_each_store_hosts_units_pass_systemd_and_reach_every_store_host(
+    engine: wiring.Wiring, flagship_plan: Plan, tmp_path: Path
+) -> None:
+    stores = hosts(engine, kube.METRICS_STORE)
+    ips = sorted(str(ip) for ip in flagship_plan.addresses.metrics_store_ips)
+    assert sorted(h.address for h in stores) == ips and len(ips) == 3
+    for host in stores:
+        for part in PARTS:
+            unit = engine.template("metrics_store", host, "superkube-vm.service.j2", item=part)
+            (exec_start,) = re.findall(r"^ExecStart=(\S+)(.*)$", unit, re.M)
+            binary, flags = exec_start[0], exec_start[1].split()
+            assert binary.endswith(f"/v1.104.0/{part}-prod")
+            if part != "vmstorage":
+                port = kube.VMSTORAGE_INSERT_PORT if part == "vminsert" else kube.VMSTORAGE_SELECT_PORT
+                (nodes,) = [f.removeprefix("-storageNode=") for f in flags if f.startswith("-storageNode=")]
+                assert sorted(nodes.split(",")) == [f"{ip}:{port}" for ip in ips]
+                assert "-replicationFactor=2" in flags
+            else:
+                assert "RequiresMountsFor=/var/lib/superkube-metrics-store" in unit
+            # systemd reads the unit as written; only the release's binary is swapped for one that is here
+            path = tmp_path / f"superkube-{part}.service"
+            path.write_text(unit.replace(binary, shutil.which("true") or "/bin/true"))
+            proc = subprocess.run(
+                ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+            )
+            problems = [line for line in proc.stderr.splitlines() if str(path.name) in line]
+            assert proc.returncode == 0 and not problems, proc.stderr
