@@ -148,13 +148,7 @@ def manifests(args: AutoscalerArgs) -> list[Manifest]:
             "limits": {"memory": "4Gi"},  # holds every node and pod of the cluster in its caches
         },
         "livenessProbe": {"httpGet": {"path": "/health-check", "port": METRICS_PORT}, "periodSeconds": 30},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": objects.restricted(),
     }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(NAMESPACE)},

@@ -17,6 +17,7 @@ from modules.platform.autoscaler import Autoscaler, AutoscalerArgs
 from modules.platform.balloons import Balloons, BalloonsArgs
 from modules.platform.flowcontrol import NodeJoinFlow, NodeJoinFlowArgs
 from modules.platform.foundation import Foundation, FoundationArgs
+from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from superkube import autoscaling, vmsizes
 from superkube.spec import ClusterSpec
 
@@ -38,7 +39,8 @@ class InClusterLayerArgs:
 
 
 class InClusterLayer(pulumi.ComponentResource):
-    """Provider, foundation (namespace, PriorityClasses), autoscaler, join flow control, balloons."""
+    """Provider, foundation (namespace, PriorityClasses), autoscaler, join flow control, balloons,
+    the health agent."""
 
     def __init__(
         self, name: str, args: InClusterLayerArgs, opts: pulumi.ResourceOptions | None = None
@@ -77,15 +79,20 @@ class InClusterLayer(pulumi.ComponentResource):
                 ),
                 opts=after,
             )
-        self.balloons = Balloons(
-            f"{name}-balloons",
-            BalloonsArgs(
-                pools=[
-                    (pool, vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size"))
-                    for pool in spec.node_pools
-                ]
+        sized = [
+            (pool, vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")) for pool in spec.node_pools
+        ]
+        self.balloons = Balloons(f"{name}-balloons", BalloonsArgs(pools=sized), opts=after)
+        self.node_health = NodeHealth(
+            f"{name}-node-health",
+            NodeHealthArgs(
+                pools=[(pool, vm) for pool, vm in sized if pool.role == "gpu"],
+                max_cordoned_share=spec.health_max_cordoned_share,
+                dry_run=spec.health_dry_run,
             ),
             opts=after,
         )
-        components = ["foundation", "flowcontrol", "balloons"] + (["autoscaler"] if self.autoscaler else [])
+        components = ["foundation", "flowcontrol", "balloons", "node-health"] + (
+            ["autoscaler"] if self.autoscaler else []
+        )
         self.register_outputs({"components": components})

@@ -32,6 +32,18 @@ def labels(component: str, name: str) -> dict[str, str]:
     }
 
 
+def restricted(user: int = 65532) -> dict[str, Any]:
+    """The securityContext of every container of the layer that needs no privilege: a non-root
+    user, a read-only root, no capabilities and no way to gain any."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": user,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def meta(name: str, component: str, namespace: str | None = None, **extra: Any) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "labels": labels(component, name)}
     if namespace:

@@ -36,7 +36,7 @@ def _type_of(name: str) -> str:
         return "array"
     annotation = ClusterSpec.model_fields[name].annotation
     origin = typing.get_origin(annotation) or annotation
-    return {str: "string", int: "integer", bool: "boolean"}[origin]
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}[origin]
 
 
 def _default(name: str) -> Any:

@@ -380,6 +380,19 @@ class ClusterSpec(_Model):
             "writes to this cluster's own store hosts (shard i to store host i mod metrics_store_count)."
         ),
     )
+    health_max_cordoned_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description=(
+            "Share of a GPU pool's nodes past preflight the health agent may cordon; past it the agent's "
+            "breaker opens and it stops cordoning until a person looks (alert HealthAgentBreakerOpen)."
+        ),
+    )
+    health_dry_run: bool = Field(
+        default=False,
+        description="The health agent logs the cordons and evictions it would make instead of making them.",
+    )
     autoscaler_enabled: bool = Field(
         default=True,
         description="Tag every pool for cluster-autoscaler discovery (min/max and node templates).",

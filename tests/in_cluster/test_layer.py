@@ -38,7 +38,7 @@ def autoscaler_flags(plan: Plan) -> dict[str, str]:
 
 def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
     by_component = render.objects(any_plan)
-    assert set(by_component) == {"foundation", "node-join-flow", "autoscaler", "balloons"}
+    assert set(by_component) == {"foundation", "node-join-flow", "autoscaler", "balloons", "node-health"}
     assert render.problems(any_plan, any_plan.spec.kubernetes_version) == []
 
 
@@ -185,3 +185,46 @@ def test_every_object_goes_through_the_layers_provider_never_an_ambient_kubeconf
         (r.provider or "").split("::")[0:4] == provider.urn.split("::")[0:4] for r in objects
     } == {True}
     assert all((r.provider or "").startswith(provider.urn + "::") for r in objects)
+
+
+def test_the_health_agent_runs_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan) -> None:
+    from superkube.agents.gpu_probe import THRESHOLDS, Thresholds
+    from superkube.kube import NODE_AGENTS_METRICS_PORT
+    from superkube.monitoring import jobs
+
+    gpu_pools = [p for p in any_plan.spec.node_pools if p.role == "gpu"]
+    sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet")}
+    assert set(sets) == {f"superkube-node-health-{p.name}" for p in gpu_pools}
+    for pool in gpu_pools:
+        pod = sets[f"superkube-node-health-{pool.name}"]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["EXPECTED_GPUS"] == str(vmsizes.size(pool.vm_size, "x").gpus) == str(pool.gpus_per_node)
+        assert env["NODE_POOL"] == pool.name and pod["nodeSelector"] == {"superkube.io/pool": pool.name}
+        # Prometheus's node-agents job scrapes the port the agent serves on the node's address
+        (port,) = container["ports"]
+        (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
+        assert pod["hostNetwork"] and port["hostPort"] == NODE_AGENTS_METRICS_PORT == agents_job.port
+    (config,) = [
+        c for c in of_kind(any_plan, "ConfigMap") if c["metadata"]["name"] == "superkube-node-health"
+    ]
+    assert config["data"]["gpu_health.yaml"] == THRESHOLDS.read_text()
+    Thresholds.model_validate(yaml.safe_load(config["data"]["gpu_health.yaml"]))
+
+
+def test_the_health_agent_may_evict_but_never_delete(any_plan: Plan) -> None:
+    (role,) = [
+        r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == "superkube-node-health"
+    ]
+    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    assert ("pods/eviction", "create") in granted and ("nodes", "patch") in granted
+    assert not {v for r, v in granted if r == "pods"} - {"list"}, "pods are evicted, never deleted or changed"
+
+
+def test_each_health_key_reaches_the_agents_flags(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    config.update({"health_max_cordoned_share": 0.1, "health_dry_run": True})
+    plan = planning.run(ROOT, str(write_stack(config)))
+    (ds,) = of_kind(plan, "DaemonSet")
+    command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--max-cordoned-share=0.1" in command and "--dry-run" in command

@@ -25,7 +25,8 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
         "00-foundation.yaml",
         "01-autoscaler.yaml",
         "02-balloons.yaml",
-        "03-node-join-flow.yaml",
+        "03-node-health.yaml",
+        "04-node-join-flow.yaml",
     ]
     for path in out.iterdir():
         docs = list(yaml.safe_load_all(path.read_text()))
@@ -38,9 +39,9 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
 def test_render_to_stdout_names_each_component() -> None:
     result = CliRunner().invoke(app, ["render"])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("# component: ") == 4
+    assert result.stdout.count("# component: ") == 5
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
-    assert {"Deployment", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
+    assert {"Deployment", "DaemonSet", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
 
 
 @pytest.fixture

@@ -66,6 +66,9 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("store-url-not-a-url", {"metrics_store_url": "vminsert:8480"}, "superkube:metrics_store_url", "URL"),
     ("no-prometheus", {"prometheus_shards": 0}, "superkube:prometheus_shards", "1"),
+    ("one-store-host", {"metrics_store_count": 1}, "superkube:metrics_store_count", "2"),
+    ("breaker-above-all", {"health_max_cordoned_share": 1.5}, "superkube:health_max_cordoned_share", "1"),
+    ("share-as-word", {"health_max_cordoned_share": "some"}, "superkube:health_max_cordoned_share", "number"),
     ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
     (
         "unknown-pool-key",

@@ -1,0 +1,443 @@
+"""Passive GPU health: on a fatal verdict, cordon the node and evict its pods, saying why.
+
+Runs on every GPU node (a DaemonSet of the in-cluster layer, on the host network). Each round it
+reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in data/gpu_health.yaml)
+and acts on the verdict:
+- fatal: cordon the node (`spec.unschedulable`) with the reason in the annotation
+  `superkube.io/health-cordoned`, then evict its pods through the Eviction API, so
+  PodDisruptionBudgets hold (a 429 leaves the pod for the next round); pods are never deleted, and
+  DaemonSet and mirror pods stay. Each action is also an Event on the node.
+- warning: an Event on the node, once per distinct set of reasons.
+- healthy: nothing; a cordoned node comes back only by hand (or a passing periodic test).
+A node still behind the preflight taint is the preflight agent's: this one leaves it alone.
+
+The circuit breaker: before cordoning, the agent counts the nodes of its pool this agent has
+cordoned, among those past preflight (new nodes of an autoscaler burst look unhealthy before their
+driver is ready, and must not trip it). If cordoning this node would take the share past
+`--max-cordoned-share`, it does not act: it logs, sends a Warning Event and exports
+`superkube_health_breaker_open{pool} 1` (alert HealthAgentBreakerOpen) until a person looks.
+
+`--dry-run` logs each action instead of sending it. When the API server cannot be reached the agent
+backs off (doubling to `--max-backoff`) and keeps serving its metrics, with
+`superkube_health_api_up 0`.
+
+Run: python -m superkube.agents.node_health --node NODE --pool POOL --vm-size SIZE --expected-gpus N
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from superkube.agents import gpu_probe
+from superkube.spec import PREFLIGHT_TAINT_KEY
+
+COMPONENT = "superkube-node-health"
+ANNOTATION = "superkube.io/health-cordoned"  # the reason; marks the nodes this agent cordoned
+ANNOTATION_AT = "superkube.io/health-cordoned-at"
+POOL_LABEL = "superkube.io/pool"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects (nodes) live
+MAX_MESSAGE = 1024  # an Event's message is capped by the API server at this many bytes
+
+log = logging.getLogger(COMPONENT)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- what the agent decides --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do this round. `events` are (type, reason, message)."""
+
+    cordon: str = ""  # the reason, when the node is to be cordoned
+    evict: tuple[PodRef, ...] = ()
+    events: tuple[tuple[str, str, str], ...] = ()
+    breaker_open: bool = False
+    cordoned_share: float = 0.0  # this pool's share cordoned by the agent, once this decision is done
+
+
+def _taints(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def in_preflight(node: Mapping[str, Any]) -> bool:
+    return any(t.get("key") == PREFLIGHT_TAINT_KEY for t in _taints(node))
+
+
+def cordoned_by_us(node: Mapping[str, Any]) -> bool:
+    return ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
+
+
+def evictable(pods: Iterable[Mapping[str, Any]]) -> tuple[PodRef, ...]:
+    """The pods a drain moves: not DaemonSet pods (they come back), not mirror pods (the kubelet's
+    own), not pods that have finished."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        owners = meta.get("ownerReferences") or []
+        if any(o.get("kind") == "DaemonSet" for o in owners):
+            continue
+        if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        out.append(PodRef(meta.get("namespace", "default"), meta["name"]))
+    return tuple(sorted(out, key=lambda p: (p.namespace, p.name)))
+
+
+def _summary(verdict: gpu_probe.Verdict, level: str) -> str:
+    reasons = [str(f) for f in verdict.findings if f.level == level]
+    return "; ".join(reasons)[:MAX_MESSAGE]
+
+
+def decide(
+    verdict: gpu_probe.Verdict,
+    node: Mapping[str, Any],
+    pool_nodes: list[Mapping[str, Any]],
+    pods: list[Mapping[str, Any]],
+    max_cordoned_share: float,
+    warned: str = "",
+) -> Decision:
+    """This round's actions for `node`, from its verdict, its pool's nodes and its pods. `warned` is
+    the warning already sent as an Event (sent once per distinct set of reasons)."""
+    eligible = [n for n in pool_nodes if not in_preflight(n)]
+    cordoned = sum(1 for n in eligible if cordoned_by_us(n))
+    share = cordoned / len(eligible) if eligible else 0.0
+    if verdict.level == "warning":
+        summary = _summary(verdict, "warning")
+        events = (("Warning", "GPUHealthWarning", summary),) if summary != warned else ()
+        return Decision(events=events, cordoned_share=share)
+    if verdict.level != "fatal" or in_preflight(node):
+        return Decision(cordoned_share=share)
+    if cordoned_by_us(node):
+        # cordoned in an earlier round: move what is left (pods a PodDisruptionBudget held back)
+        return Decision(evict=evictable(pods), cordoned_share=share)
+    after = (cordoned + 1) / len(eligible) if eligible else 1.0
+    if after > max_cordoned_share:
+        message = (
+            f"not cordoning: {cordoned + 1} of {len(eligible)} nodes past preflight in this pool would be "
+            f"cordoned by the health agent ({after:.0%} > {max_cordoned_share:.0%}); fatal: "
+            f"{_summary(verdict, 'fatal')}"
+        )[:MAX_MESSAGE]
+        return Decision(
+            events=(("Warning", "HealthBreakerOpen", message),), breaker_open=True, cordoned_share=share
+        )
+    reason = _summary(verdict, "fatal")
+    pods_out = evictable(pods)
+    cordon_events: list[tuple[str, str, str]] = [
+        ("Warning", "GPUHealthCordon", f"cordoned: {reason}"[:MAX_MESSAGE])
+    ]
+    cordon_events += [("Normal", "GPUHealthEvict", f"evicting {p.namespace}/{p.name}") for p in pods_out]
+    return Decision(cordon=reason, evict=pods_out, events=tuple(cordon_events), cordoned_share=after)
+
+
+# --- what goes to the API server (each body is checked against the official schema in tests) ----
+
+
+def cordon_patch(reason: str, at: datetime) -> dict[str, Any]:
+    """A merge patch of the node: unschedulable, with the reason and the time."""
+    return {
+        "metadata": {"annotations": {ANNOTATION: reason[:MAX_MESSAGE], ANNOTATION_AT: _stamp(at)}},
+        "spec": {"unschedulable": True},
+    }
+
+
+def eviction(pod: PodRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+    }
+
+
+def event(node: Mapping[str, Any], type_: str, reason: str, message: str, at: datetime) -> dict[str, Any]:
+    meta = node.get("metadata") or {}
+    name = meta.get("name", "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{int(at.timestamp() * 1e6):x}", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", "")},
+        "type": type_,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "source": {"component": COMPONENT, "host": name},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": name,
+        "firstTimestamp": _stamp(at),
+        "lastTimestamp": _stamp(at),
+        "count": 1,
+    }
+
+
+# --- talking to the API server ------------------------------------------------------------------
+
+
+class Kube:
+    """The few calls the agent makes, through the official Kubernetes client."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        from kubernetes import client, config
+
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            config.load_incluster_config()
+        api = client.ApiClient()
+        api.configuration.retries = 0  # the agent's own backoff decides when to try again
+        self.core = client.CoreV1Api(api)
+        self.api = api
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return data
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self._plain(self.core.read_node(name, _request_timeout=10))
+
+    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
+        items = self.core.list_node(label_selector=f"{POOL_LABEL}={pool}", _request_timeout=30).items
+        return [self._plain(n) for n in items]
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        items = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _request_timeout=30
+        ).items
+        return [self._plain(p) for p in items]
+
+    def patch_node(self, name: str, body: dict[str, Any]) -> None:
+        self.core.patch_node(name, body, _request_timeout=10)
+
+    def evict(self, pod: PodRef) -> bool:
+        """True when the pod is being evicted; False when a PodDisruptionBudget holds it (429)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            body: Any = eviction(pod)  # the client serialises plain dicts as they are
+            self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _request_timeout=10)
+        except ApiException as e:
+            if e.status == 429:
+                return False
+            if e.status == 404:  # gone already
+                return True
+            raise
+        return True
+
+    def create_event(self, body: Any) -> None:
+        self.core.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=10)
+
+
+# --- the agent ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.checks = Counter("superkube_health_checks", "Probe rounds by verdict.", ["result"], registry=r)
+        self.actions = Counter(
+            "superkube_health_actions",
+            "Actions taken (or logged, in dry-run).",
+            ["action", "dry_run"],
+            registry=r,
+        )
+        self.breaker = Gauge(
+            "superkube_health_breaker_open",
+            "1 while the breaker keeps the agent from cordoning.",
+            ["pool"],
+            registry=r,
+        )
+        self.cordoned = Gauge(
+            "superkube_health_cordoned_nodes",
+            "Nodes of the pool cordoned by the health agent.",
+            ["pool"],
+            registry=r,
+        )
+        self.api_up = Gauge(
+            "superkube_health_api_up", "1 when the last round reached the API server.", registry=r
+        )
+
+
+@dataclass
+class Agent:
+    node: str
+    pool: str
+    probe: Callable[[], gpu_probe.Verdict]
+    kube: Any  # Kube, or anything with its methods
+    max_cordoned_share: float
+    dry_run: bool = False
+    metrics: Metrics = field(default_factory=Metrics)
+    warned: str = ""
+
+    def round(self) -> Decision:
+        verdict = self.probe()
+        self.metrics.checks.labels(verdict.level).inc()
+        node = self.kube.node(self.node)
+        pool = self.kube.pool_nodes(self.pool)
+        pods = self.kube.pods_on(self.node) if verdict.level == "fatal" else []
+        decision = decide(verdict, node, pool, pods, self.max_cordoned_share, self.warned)
+        self.metrics.api_up.set(1)
+        self.metrics.breaker.labels(self.pool).set(1 if decision.breaker_open else 0)
+        self.act(node, decision)
+        cordoned = sum(1 for n in pool if cordoned_by_us(n) and not in_preflight(n))
+        if decision.cordon and not self.dry_run:
+            cordoned += 1
+        self.metrics.cordoned.labels(self.pool).set(cordoned)
+        if verdict.level == "warning":
+            self.warned = _summary(verdict, "warning")
+        return decision
+
+    def _do(self, action: str, what: str, call: Callable[[], Any]) -> Any:
+        self.metrics.actions.labels(action, str(self.dry_run).lower()).inc()
+        if self.dry_run:
+            log.warning("dry-run: would %s", what)
+            return True
+        log.warning("%s", what)
+        return call()
+
+    def act(self, node: Mapping[str, Any], decision: Decision) -> None:
+        at = _now()
+        if decision.breaker_open:
+            log.error("breaker open on pool %s: %s", self.pool, decision.events[0][2])
+        if decision.cordon:
+            body = cordon_patch(decision.cordon, at)
+            self._do(
+                "cordon",
+                f"cordon {self.node}: {decision.cordon}",
+                lambda: self.kube.patch_node(self.node, body),
+            )
+        for pod in decision.evict:
+            moving = self._do(
+                "evict", f"evict {pod.namespace}/{pod.name}", functools.partial(self.kube.evict, pod)
+            )
+            if not moving:
+                self.metrics.actions.labels("evict_blocked", "false").inc()
+                log.warning(
+                    "a PodDisruptionBudget holds %s/%s; trying again next round", pod.namespace, pod.name
+                )
+        for type_, reason, message in decision.events:
+            body = event(node, type_, reason, message, at)
+            self._do(
+                "event", f"event {reason} on {self.node}", functools.partial(self.kube.create_event, body)
+            )
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Errors that mean the API server could not be asked, not a bug in the agent."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return isinstance(exc, ApiException | HTTPError | OSError)
+
+
+def serve(agent: Agent, interval: float, max_backoff: float, rounds: int | None = None) -> None:
+    """Run rounds forever (or `rounds` times); back off while the API server cannot be reached."""
+    delay = interval
+    done = 0
+    while rounds is None or done < rounds:
+        try:
+            agent.round()
+            delay = interval
+        except Exception as exc:  # classified below; anything else is re-raised
+            if not _unreachable(exc):
+                raise
+            agent.metrics.api_up.set(0)
+            delay = min(max(delay * 2, interval), max_backoff)
+            log.error(
+                "API server unreachable (%s); next try in %.0f s", str(exc).splitlines()[0][:200], delay
+            )
+        done += 1
+        if rounds is None or done < rounds:
+            time.sleep(delay)
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="node_health", description=__doc__.splitlines()[0])
+    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    p.add_argument("--pool", default=os.environ.get("NODE_POOL", ""), help="this node's pool (env NODE_POOL)")
+    p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""))
+    p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS", "0") or 0))
+    p.add_argument("--reading", type=Path, help="a saved probe reading instead of NVML (tests, incidents)")
+    p.add_argument("--thresholds", type=Path, default=gpu_probe.THRESHOLDS)
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
+    p.add_argument("--max-backoff", type=float, default=600.0)
+    p.add_argument("--max-cordoned-share", type=float, default=0.05)
+    p.add_argument("--metrics-port", type=int, default=9465)
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--kubeconfig", default=None, help="default: the pod's service account")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (tests)")
+    args = p.parse_args(argv)
+    if not args.node or not args.pool:
+        p.error("--node and --pool are required (or NODE_NAME and NODE_POOL)")
+    if not 0 < args.max_cordoned_share <= 1:
+        p.error(f"--max-cordoned-share must be in (0, 1]; got {args.max_cordoned_share}")
+    if args.reading is None and (not args.vm_size or args.expected_gpus < 1):
+        p.error("reading NVML needs --vm-size and --expected-gpus >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format=f"{COMPONENT} %(levelname)s %(message)s", stream=sys.stderr
+    )
+    args = _args(argv)
+    try:
+        limits = gpu_probe.thresholds(args.thresholds)
+    except gpu_probe.ReadingError as e:
+        print(f"{COMPONENT}: {e}", file=sys.stderr)
+        return 2
+
+    def probe() -> gpu_probe.Verdict:
+        if args.reading:
+            reading = gpu_probe.load_reading(args.reading)
+        else:
+            reading = gpu_probe.read_nvml(args.node, args.vm_size, args.expected_gpus)
+        return gpu_probe.verdict(reading, limits)
+
+    metrics = Metrics()
+    start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
+    try:
+        kube = Kube(args.kubeconfig)
+    except Exception as e:  # a config the client cannot load: one line, then exit
+        print(f"{COMPONENT}: cannot load the Kubernetes client's config: {e}", file=sys.stderr)
+        return 2
+    agent = Agent(args.node, args.pool, probe, kube, args.max_cordoned_share, args.dry_run, metrics)
+    try:
+        serve(agent, args.interval, args.max_backoff, args.rounds)
+    except gpu_probe.ReadingError as e:
+        print(f"{COMPONENT}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
