@@ -10,8 +10,9 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.objects import Manifest
 from superkube.autoscaling import EXPENDABLE_CUTOFF, PRIORITY_CLASS_MAX
+from superkube.kube import SYSTEM_NAMESPACE
 
-NAMESPACE = "superkube-system"
+NAMESPACE = SYSTEM_NAMESPACE
 """Namespace of superkube's own workloads (balloons, agents, webhooks)."""
 BALLOON_PRIORITY = "superkube-balloon"
 DEFAULT_PRIORITY = "superkube-default"

@@ -17,6 +17,7 @@ from modules.platform.autoscaler import Autoscaler, AutoscalerArgs
 from modules.platform.balloons import Balloons, BalloonsArgs
 from modules.platform.flowcontrol import NodeJoinFlow, NodeJoinFlowArgs
 from modules.platform.foundation import Foundation, FoundationArgs
+from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from superkube import autoscaling, vmsizes
 from superkube.spec import ClusterSpec
@@ -40,7 +41,7 @@ class InClusterLayerArgs:
 
 class InClusterLayer(pulumi.ComponentResource):
     """Provider, foundation (namespace, PriorityClasses), autoscaler, join flow control, balloons,
-    the health agent."""
+    the node agents, and the monitoring hosts' access."""
 
     def __init__(
         self, name: str, args: InClusterLayerArgs, opts: pulumi.ResourceOptions | None = None
@@ -92,7 +93,10 @@ class InClusterLayer(pulumi.ComponentResource):
             ),
             opts=after,
         )
-        components = ["foundation", "flowcontrol", "balloons", "node-health"] + (
+        self.monitoring_access = MonitoringAccess(
+            f"{name}-monitoring-access", MonitoringAccessArgs(), opts=after
+        )
+        components = ["foundation", "flowcontrol", "balloons", "node-health", "monitoring-access"] + (
             ["autoscaler"] if self.autoscaler else []
         )
         self.register_outputs({"components": components})

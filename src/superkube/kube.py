@@ -23,6 +23,7 @@ IPTABLES_EXPORTER_PORT = 9455
 # superkube's node agents (health, preflight) serve /metrics here on the host network
 NODE_AGENTS_METRICS_PORT = 9465
 CLUSTER_DOMAIN = "cluster.local"
+SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
 # Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
 # no pod IP, so a node's pod limit is its pod IPs plus these.
 HOST_NETWORK_PODS = 8

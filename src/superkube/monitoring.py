@@ -37,6 +37,8 @@ from superkube.kube import (
     NAT_HOST,
     NODE_AGENTS_METRICS_PORT,
     NODE_EXPORTER_PORT,
+    SYSTEM_NAMESPACE,
+    apiserver_url,
     metrics_store_write_urls,
 )
 
@@ -132,6 +134,7 @@ class Job:
     drops: str = ""  # key of DROP
     path: str = "/metrics"
     reviewed: str = ""  # for a job with nothing to drop: why its series need no drop rule
+    pods_of: str = ""  # scrape the pods of this in-cluster component (pod discovery), not hosts
 
     def __post_init__(self) -> None:
         if bool(self.drops) == bool(self.reviewed):
@@ -157,8 +160,9 @@ def jobs() -> tuple[Job, ...]:
             "node-agents",
             NODE_AGENTS_METRICS_PORT,
             nodes,
-            reviewed="superkube's health and preflight agents export a few series per node, each bounded "
-            "by its check and result labels; nothing to drop",
+            pods_of="node-health",
+            reviewed="superkube's preflight and health agents export a few series per node, each bounded "
+            "by its result, reason and action labels; nothing to drop",
         ),
     )
 
@@ -175,9 +179,48 @@ def _shard_relabel(shards: int, shard: int) -> list[dict[str, Any]]:
     ]
 
 
-def _discovery(job: Job, targets: Mapping[str, Sequence[str]], nodes_from_kubernetes: bool) -> dict[str, Any]:
+PKI = "/etc/prometheus/pki"  # the cluster CA and a token allowed to read metrics, nodes and agent pods
+
+
+def _auth() -> dict[str, Any]:
+    return {"tls_config": {"ca_file": f"{PKI}/ca.crt"}, "authorization": {"credentials_file": f"{PKI}/token"}}
+
+
+def _sd(role: str, api_server: str, **extra: Any) -> list[dict[str, Any]]:
+    """Kubernetes discovery from the hosts beside the cluster: its API server, as a client of it."""
+    return [{"role": role, **({"api_server": api_server, **_auth()} if api_server else {}), **extra}]
+
+
+def _discovery(
+    job: Job, targets: Mapping[str, Sequence[str]], nodes_from_kubernetes: bool, api_server: str = ""
+) -> dict[str, Any]:
     """Static targets for the job's groups; Kubernetes nodes come from node discovery in a cluster
-    (their InternalIP, the NIC's primary IP) so joining and leaving nodes need no new config."""
+    (their InternalIP, the NIC's primary IP) so joining and leaving nodes need no new config; an
+    in-cluster component's pods come from pod discovery (only where they run: the preflight agent
+    leaves a node once it has passed), through their `metrics` ports."""
+    if job.pods_of:
+        if not nodes_from_kubernetes:
+            return {}
+        return {
+            "kubernetes_sd_configs": _sd("pod", api_server, namespaces={"names": [SYSTEM_NAMESPACE]}),
+            "relabel_configs": [
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
+                    "regex": job.pods_of,
+                    "action": "keep",
+                },
+                {
+                    "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                    "regex": "metrics",
+                    "action": "keep",
+                },
+                {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                    "target_label": "agent",
+                },
+            ],
+        }
     node_groups = {GPU_NODES, CPU_NODES}
     out: dict[str, Any] = {}
     hosts = sorted(
@@ -191,7 +234,7 @@ def _discovery(job: Job, targets: Mapping[str, Sequence[str]], nodes_from_kubern
     if hosts:
         out["static_configs"] = [{"targets": [f"{h}:{job.port}" for h in hosts]}]
     if nodes_from_kubernetes and node_groups & set(job.groups):
-        out["kubernetes_sd_configs"] = [{"role": "node"}]
+        out["kubernetes_sd_configs"] = _sd("node", api_server)
         out["relabel_configs"] = [
             {
                 # static targets (control plane, NAT host) pass; discovered nodes get the job's port
@@ -213,6 +256,7 @@ def prometheus_config(
     targets: Mapping[str, Sequence[str]],
     *,
     nodes_from_kubernetes: bool = True,
+    api_server: str = "",
     rule_files: Sequence[str] = ("rules/*.yml",),
     scrape_interval: str = SCRAPE_INTERVAL,
     only_jobs: Sequence[str] | None = None,
@@ -225,7 +269,7 @@ def prometheus_config(
     for job in jobs():
         if only_jobs is not None and job.name not in only_jobs:
             continue
-        found = _discovery(job, targets, nodes_from_kubernetes)
+        found = _discovery(job, targets, nodes_from_kubernetes, api_server)
         if not found:
             continue
         config: dict[str, Any] = {
@@ -236,8 +280,7 @@ def prometheus_config(
         }
         config["relabel_configs"] = [*config.get("relabel_configs", []), *_shard_relabel(shards, shard)]
         if job.scheme == "https":
-            config["tls_config"] = {"ca_file": "/etc/prometheus/pki/ca.crt"}
-            config["authorization"] = {"credentials_file": "/etc/prometheus/pki/token"}
+            config.update(_auth())
         if job.drops:
             config["metric_relabel_configs"] = [d.config() for d in DROP[job.drops]]
         scrape.append(config)
@@ -299,7 +342,14 @@ def shard_configs(spec: Any, addresses: Any, cluster: str) -> list[str]:
     urls = metrics_store_write_urls(spec, addresses)
     return [
         render(
-            prometheus_config(cluster, spec.prometheus_shards, shard, urls[shard], cluster_targets(addresses))
+            prometheus_config(
+                cluster,
+                spec.prometheus_shards,
+                shard,
+                urls[shard],
+                cluster_targets(addresses),
+                api_server=apiserver_url(addresses.apiserver_lb_ip),
+            )
         )
         for shard in range(spec.prometheus_shards)
     ]

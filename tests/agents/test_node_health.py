@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from superkube import render
-from superkube.agents import gpu_probe
+from superkube.agents import gpu_probe, kubeapi
 from superkube.agents import node_health as nh
 from superkube.spec import PREFLIGHT_TAINT_KEY
 
@@ -53,7 +53,7 @@ def node(name: str, *, cordoned: bool = False, preflight: bool = False) -> dict[
         "metadata": {
             "name": name,
             "uid": f"uid-{name}",
-            "labels": {nh.POOL_LABEL: "gpu", "kubernetes.io/hostname": name},
+            "labels": {kubeapi.POOL_LABEL: "gpu", "kubernetes.io/hostname": name},
             "annotations": {nh.ANNOTATION: "Xid 79"} if cordoned else {},
         },
         "spec": {"unschedulable": cordoned},
@@ -100,7 +100,7 @@ def test_the_recorded_objects_are_valid_kubernetes_objects() -> None:
 def test_each_fatal_reading_cordons_and_evicts_what_a_drain_moves(reading: str) -> None:
     d = nh.decide(verdict_of(reading), POOL[0], POOL, PODS, max_cordoned_share=0.05)
     assert d.cordon and not d.breaker_open
-    assert d.evict == (nh.PodRef("team-a", "trainer-0"), nh.PodRef("team-b", "trainer-1"))
+    assert d.evict == (kubeapi.PodRef("team-a", "trainer-0"), kubeapi.PodRef("team-b", "trainer-1"))
     (cordon_event,) = [e for e in d.events if e[1] == "GPUHealthCordon"]
     assert cordon_event[0] == "Warning" and d.cordon in cordon_event[2]
     assert [e[2] for e in d.events if e[1] == "GPUHealthEvict"] == [
@@ -174,9 +174,9 @@ def test_every_request_body_is_valid_against_the_official_schema() -> None:
         "spec": {**n["spec"], **patch["spec"]},
     }
     assert render.validate(patched, VERSION) == []
-    assert render.validate(nh.eviction(nh.PodRef("team-a", "trainer-0")), VERSION) == []
-    ev = nh.event(n, "Warning", "GPUHealthCordon", "x" * 5000, AT)
-    assert render.validate(ev, VERSION) == [] and len(ev["message"]) == nh.MAX_MESSAGE
+    assert render.validate(kubeapi.eviction(kubeapi.PodRef("team-a", "trainer-0")), VERSION) == []
+    ev = kubeapi.event(n, nh.COMPONENT, "Warning", "GPUHealthCordon", "x" * 5000, AT)
+    assert render.validate(ev, VERSION) == [] and len(ev["message"]) == kubeapi.MAX_MESSAGE
     # and the check can fail: a field the Event kind does not have
     assert render.validate({**ev, "severity": "high"}, VERSION)
 
@@ -284,12 +284,17 @@ def free_port() -> int:
 
 
 def run_agent(
-    kubeconfig: Path, reading: str | Path, *extra: str, rounds: int = 1
+    kubeconfig: Path,
+    reading: str | Path,
+    *extra: str,
+    rounds: int = 1,
+    module: str = "superkube.agents.node_health",
 ) -> tuple[subprocess.Popen[str], int]:
-    """The agent as a process on one node; `reading` names a recorded reading or is a file."""
+    """An agent as a process on node gpu-1 of pool gpu; `reading` names a recorded reading or is a file."""
     port = free_port()
     path = reading if isinstance(reading, Path) else READINGS / f"{reading}.json"
-    command = [sys.executable, "-m", "superkube.agents.node_health", "--node", "gpu-1", "--pool", "gpu"]
+    command = [sys.executable, "-m", module, "--node", "gpu-1"]
+    command += ["--pool", "gpu"] if module.endswith("node_health") else []
     command += ["--reading", str(path), "--kubeconfig", str(kubeconfig), "--metrics-port", str(port)]
     command += ["--metrics-address", "127.0.0.1", "--interval", "0.2", "--rounds", str(rounds), *extra]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -38,7 +38,14 @@ def autoscaler_flags(plan: Plan) -> dict[str, str]:
 
 def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
     by_component = render.objects(any_plan)
-    assert set(by_component) == {"foundation", "node-join-flow", "autoscaler", "balloons", "node-health"}
+    assert set(by_component) == {
+        "foundation",
+        "node-join-flow",
+        "autoscaler",
+        "balloons",
+        "node-health",
+        "monitoring-access",
+    }
     assert render.problems(any_plan, any_plan.spec.kubernetes_version) == []
 
 
@@ -187,44 +194,83 @@ def test_every_object_goes_through_the_layers_provider_never_an_ambient_kubeconf
     assert all((r.provider or "").startswith(provider.urn + "::") for r in objects)
 
 
-def test_the_health_agent_runs_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan) -> None:
+def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan) -> None:
     from superkube.agents.gpu_probe import THRESHOLDS, Thresholds
     from superkube.kube import NODE_AGENTS_METRICS_PORT
     from superkube.monitoring import jobs
 
     gpu_pools = [p for p in any_plan.spec.node_pools if p.role == "gpu"]
     sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet")}
-    assert set(sets) == {f"superkube-node-health-{p.name}" for p in gpu_pools}
-    for pool in gpu_pools:
-        pod = sets[f"superkube-node-health-{pool.name}"]["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
+    assert set(sets) == {f"superkube-{a}-{p.name}" for a in ("node-health", "preflight") for p in gpu_pools}
+    (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
+    ports = set()
+    for name, ds in sets.items():
+        pool = next(p for p in gpu_pools if name.endswith(f"-{p.name}"))
+        pod = ds["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["EXPECTED_GPUS"] == str(vmsizes.size(pool.vm_size, "x").gpus) == str(pool.gpus_per_node)
-        assert env["NODE_POOL"] == pool.name and pod["nodeSelector"] == {"superkube.io/pool": pool.name}
-        # Prometheus's node-agents job scrapes the port the agent serves on the node's address
+        assert pod["spec"]["nodeSelector"]["superkube.io/pool"] == pool.name
+        # Prometheus's node-agents job finds both agents' pods by their component and metrics port
+        assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == agents_job.pods_of
         (port,) = container["ports"]
-        (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
-        assert pod["hostNetwork"] and port["hostPort"] == NODE_AGENTS_METRICS_PORT == agents_job.port
-    (config,) = [
-        c for c in of_kind(any_plan, "ConfigMap") if c["metadata"]["name"] == "superkube-node-health"
-    ]
+        assert (
+            pod["spec"]["hostNetwork"]
+            and port["name"] == "metrics"
+            and port["hostPort"] == port["containerPort"]
+        )
+        ports.add(port["hostPort"])
+    assert NODE_AGENTS_METRICS_PORT == agents_job.port in ports and len(ports) == 2, "one port per agent"
+    # the preflight agent only where a node still waits for it
+    preflight = sets[f"superkube-preflight-{gpu_pools[0].name}"]["spec"]["template"]["spec"]
+    assert preflight["nodeSelector"][PREFLIGHT_TAINT_KEY] == "pending"
+    (config,) = [c for c in of_kind(any_plan, "ConfigMap") if c["metadata"]["name"] == "superkube-gpu-health"]
     assert config["data"]["gpu_health.yaml"] == THRESHOLDS.read_text()
     Thresholds.model_validate(yaml.safe_load(config["data"]["gpu_health.yaml"]))
 
 
-def test_the_health_agent_may_evict_but_never_delete(any_plan: Plan) -> None:
-    (role,) = [
-        r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == "superkube-node-health"
-    ]
-    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
-    assert ("pods/eviction", "create") in granted and ("nodes", "patch") in granted
-    assert not {v for r, v in granted if r == "pods"} - {"list"}, "pods are evicted, never deleted or changed"
+def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
+    roles = {r["metadata"]["name"]: r for r in of_kind(any_plan, "ClusterRole")}
+    granted = {
+        name: {
+            (res, verb)
+            for rule in roles[name]["rules"]
+            for res in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        for name in ("superkube-node-health", "superkube-preflight")
+    }
+    assert ("pods/eviction", "create") in granted["superkube-node-health"]
+    assert not {v for r, v in granted["superkube-node-health"] if r == "pods"} - {"list"}
+    # the preflight agent patches nodes, fenced in by its admission policy, and nothing else
+    assert granted["superkube-preflight"] == {("nodes", "get"), ("nodes", "patch"), ("events", "create")}
+    (binding,) = of_kind(any_plan, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": "superkube-preflight-own-node", "validationActions": ["Deny"]}
 
 
 def test_each_health_key_reaches_the_agents_flags(write_stack: Callable[..., Path]) -> None:
     config = dev_config()
     config.update({"health_max_cordoned_share": 0.1, "health_dry_run": True})
     plan = planning.run(ROOT, str(write_stack(config)))
-    (ds,) = of_kind(plan, "DaemonSet")
+    (ds,) = [
+        d for d in of_kind(plan, "DaemonSet") if d["metadata"]["name"].startswith("superkube-node-health")
+    ]
     command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--max-cordoned-share=0.1" in command and "--dry-run" in command
+
+
+def test_prometheus_may_discover_and_read_what_its_config_asks_and_nothing_more(any_plan: Plan) -> None:
+    from superkube import monitoring
+
+    (role,) = [r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == "superkube-prometheus"]
+    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+    assert verbs <= {"get", "list", "watch"}, "read-only"
+    resources = {res for rule in role["rules"] for res in rule.get("resources", [])}
+    config = yaml.safe_load(monitoring.shard_configs(any_plan.spec, any_plan.addresses, any_plan.cluster)[0])
+    discovered = {
+        sd["role"] for job in config["scrape_configs"] for sd in job.get("kubernetes_sd_configs", [])
+    }
+    assert {f"{r}s" for r in discovered} <= resources and "nodes/metrics" in resources
+    (secret,) = of_kind(any_plan, "Secret")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "superkube-prometheus"

@@ -25,8 +25,9 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
         "00-foundation.yaml",
         "01-autoscaler.yaml",
         "02-balloons.yaml",
-        "03-node-health.yaml",
-        "04-node-join-flow.yaml",
+        "03-monitoring-access.yaml",
+        "04-node-health.yaml",
+        "05-node-join-flow.yaml",
     ]
     for path in out.iterdir():
         docs = list(yaml.safe_load_all(path.read_text()))
@@ -39,7 +40,7 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
 def test_render_to_stdout_names_each_component() -> None:
     result = CliRunner().invoke(app, ["render"])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("# component: ") == 5
+    assert result.stdout.count("# component: ") == 6
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
     assert {"Deployment", "DaemonSet", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
 

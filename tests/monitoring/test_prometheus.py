@@ -21,8 +21,10 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube import monitoring
+from superkube import plan as planning
 from superkube.cli import app
-from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST
+from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST, apiserver_url
+from tests.conftest import ROOT
 
 TOOLS = monitoring.ROOT / ".tools" / "bin"
 
@@ -42,6 +44,7 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     out = tmp_path_factory.mktemp(request.param) / "monitoring"
     result = CliRunner().invoke(app, ["monitoring", "render", "--stack", request.param, "--out", str(out)])
     assert result.exit_code == 0, result.stderr
+    (out / ".stack").write_text(request.param)
     return out
 
 
@@ -100,9 +103,12 @@ def test_every_shard_config_passes_promtool(rendered: Path) -> None:
     assert shards
     for path in shards:
         config = yaml.safe_load(path.read_text())
-        assert {"role": "node"} in [
-            sd for job in config["scrape_configs"] for sd in job.get("kubernetes_sd_configs", [])
-        ]
+        # discovery from beside the cluster: its API server at the plan's address, as a client of it
+        sds = [sd for job in config["scrape_configs"] for sd in job.get("kubernetes_sd_configs", [])]
+        assert {sd["role"] for sd in sds} == {"node", "pod"}
+        _, _, addresses = planning.load(ROOT, (rendered / ".stack").read_text())
+        assert {sd["api_server"] for sd in sds} == {apiserver_url(addresses.apiserver_lb_ip)}
+        assert all(sd["authorization"]["credentials_file"] == "/etc/prometheus/pki/token" for sd in sds)
         checked = path.with_name(f"checked-{path.name}")
         checked.write_text(yaml.safe_dump(checkable(config, rendered / "pki")))
         proc = promtool("check", "config", str(checked))

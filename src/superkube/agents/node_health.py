@@ -31,44 +31,37 @@ import functools
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from superkube.agents import gpu_probe
+from superkube.agents.kubeapi import (
+    MAX_MESSAGE,
+    Kube,
+    PodRef,
+    agent_parser,
+    check_agent_args,
+    event,
+    now,
+    run_agent,
+    stamp,
+)
+from superkube.kube import NODE_AGENTS_METRICS_PORT
 from superkube.spec import PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-node-health"
 ANNOTATION = "superkube.io/health-cordoned"  # the reason; marks the nodes this agent cordoned
 ANNOTATION_AT = "superkube.io/health-cordoned-at"
-POOL_LABEL = "superkube.io/pool"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects (nodes) live
-MAX_MESSAGE = 1024  # an Event's message is capped by the API server at this many bytes
 
 log = logging.getLogger(COMPONENT)
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _stamp(at: datetime) -> str:
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # --- what the agent decides --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PodRef:
-    namespace: str
-    name: str
 
 
 @dataclass(frozen=True)
@@ -163,94 +156,9 @@ def decide(
 def cordon_patch(reason: str, at: datetime) -> dict[str, Any]:
     """A merge patch of the node: unschedulable, with the reason and the time."""
     return {
-        "metadata": {"annotations": {ANNOTATION: reason[:MAX_MESSAGE], ANNOTATION_AT: _stamp(at)}},
+        "metadata": {"annotations": {ANNOTATION: reason[:MAX_MESSAGE], ANNOTATION_AT: stamp(at)}},
         "spec": {"unschedulable": True},
     }
-
-
-def eviction(pod: PodRef) -> dict[str, Any]:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": pod.name, "namespace": pod.namespace},
-    }
-
-
-def event(node: Mapping[str, Any], type_: str, reason: str, message: str, at: datetime) -> dict[str, Any]:
-    meta = node.get("metadata") or {}
-    name = meta.get("name", "")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{name}.{int(at.timestamp() * 1e6):x}", "namespace": EVENT_NAMESPACE},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", "")},
-        "type": type_,
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "source": {"component": COMPONENT, "host": name},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": name,
-        "firstTimestamp": _stamp(at),
-        "lastTimestamp": _stamp(at),
-        "count": 1,
-    }
-
-
-# --- talking to the API server ------------------------------------------------------------------
-
-
-class Kube:
-    """The few calls the agent makes, through the official Kubernetes client."""
-
-    def __init__(self, kubeconfig: str | None) -> None:
-        from kubernetes import client, config
-
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            config.load_incluster_config()
-        api = client.ApiClient()
-        api.configuration.retries = 0  # the agent's own backoff decides when to try again
-        self.core = client.CoreV1Api(api)
-        self.api = api
-
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        data: dict[str, Any] = self.api.sanitize_for_serialization(obj)
-        return data
-
-    def node(self, name: str) -> dict[str, Any]:
-        return self._plain(self.core.read_node(name, _request_timeout=10))
-
-    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
-        items = self.core.list_node(label_selector=f"{POOL_LABEL}={pool}", _request_timeout=30).items
-        return [self._plain(n) for n in items]
-
-    def pods_on(self, node: str) -> list[dict[str, Any]]:
-        items = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", _request_timeout=30
-        ).items
-        return [self._plain(p) for p in items]
-
-    def patch_node(self, name: str, body: dict[str, Any]) -> None:
-        self.core.patch_node(name, body, _request_timeout=10)
-
-    def evict(self, pod: PodRef) -> bool:
-        """True when the pod is being evicted; False when a PodDisruptionBudget holds it (429)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            body: Any = eviction(pod)  # the client serialises plain dicts as they are
-            self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _request_timeout=10)
-        except ApiException as e:
-            if e.status == 429:
-                return False
-            if e.status == 404:  # gone already
-                return True
-            raise
-        return True
-
-    def create_event(self, body: Any) -> None:
-        self.core.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=10)
 
 
 # --- the agent ----------------------------------------------------------------------------------
@@ -324,7 +232,7 @@ class Agent:
         return call()
 
     def act(self, node: Mapping[str, Any], decision: Decision) -> None:
-        at = _now()
+        at = now()
         if decision.breaker_open:
             log.error("breaker open on pool %s: %s", self.pool, decision.events[0][2])
         if decision.cordon:
@@ -344,99 +252,39 @@ class Agent:
                     "a PodDisruptionBudget holds %s/%s; trying again next round", pod.namespace, pod.name
                 )
         for type_, reason, message in decision.events:
-            body = event(node, type_, reason, message, at)
+            body = event(node, COMPONENT, type_, reason, message, at)
             self._do(
                 "event", f"event {reason} on {self.node}", functools.partial(self.kube.create_event, body)
             )
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Errors that mean the API server could not be asked, not a bug in the agent."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    return isinstance(exc, ApiException | HTTPError | OSError)
-
-
-def serve(agent: Agent, interval: float, max_backoff: float, rounds: int | None = None) -> None:
-    """Run rounds forever (or `rounds` times); back off while the API server cannot be reached."""
-    delay = interval
-    done = 0
-    while rounds is None or done < rounds:
-        try:
-            agent.round()
-            delay = interval
-        except Exception as exc:  # classified below; anything else is re-raised
-            if not _unreachable(exc):
-                raise
-            agent.metrics.api_up.set(0)
-            delay = min(max(delay * 2, interval), max_backoff)
-            log.error(
-                "API server unreachable (%s); next try in %.0f s", str(exc).splitlines()[0][:200], delay
-            )
-        done += 1
-        if rounds is None or done < rounds:
-            time.sleep(delay)
-
-
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="node_health", description=__doc__.splitlines()[0])
-    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    p = agent_parser("node_health", __doc__.splitlines()[0], NODE_AGENTS_METRICS_PORT)
     p.add_argument("--pool", default=os.environ.get("NODE_POOL", ""), help="this node's pool (env NODE_POOL)")
-    p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""))
-    p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS", "0") or 0))
-    p.add_argument("--reading", type=Path, help="a saved probe reading instead of NVML (tests, incidents)")
-    p.add_argument("--thresholds", type=Path, default=gpu_probe.THRESHOLDS)
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
-    p.add_argument("--max-backoff", type=float, default=600.0)
     p.add_argument("--max-cordoned-share", type=float, default=0.05)
-    p.add_argument("--metrics-port", type=int, default=9465)
-    p.add_argument("--metrics-address", default="0.0.0.0")
-    p.add_argument("--kubeconfig", default=None, help="default: the pod's service account")
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (tests)")
     args = p.parse_args(argv)
-    if not args.node or not args.pool:
-        p.error("--node and --pool are required (or NODE_NAME and NODE_POOL)")
+    check_agent_args(p, args)
+    if not args.pool:
+        p.error("--pool is required (or NODE_POOL)")
     if not 0 < args.max_cordoned_share <= 1:
         p.error(f"--max-cordoned-share must be in (0, 1]; got {args.max_cordoned_share}")
-    if args.reading is None and (not args.vm_size or args.expected_gpus < 1):
-        p.error("reading NVML needs --vm-size and --expected-gpus >= 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format=f"{COMPONENT} %(levelname)s %(message)s", stream=sys.stderr
-    )
     args = _args(argv)
-    try:
-        limits = gpu_probe.thresholds(args.thresholds)
-    except gpu_probe.ReadingError as e:
-        print(f"{COMPONENT}: {e}", file=sys.stderr)
-        return 2
-
-    def probe() -> gpu_probe.Verdict:
-        if args.reading:
-            reading = gpu_probe.load_reading(args.reading)
-        else:
-            reading = gpu_probe.read_nvml(args.node, args.vm_size, args.expected_gpus)
-        return gpu_probe.verdict(reading, limits)
-
     metrics = Metrics()
-    start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
-    try:
-        kube = Kube(args.kubeconfig)
-    except Exception as e:  # a config the client cannot load: one line, then exit
-        print(f"{COMPONENT}: cannot load the Kubernetes client's config: {e}", file=sys.stderr)
-        return 2
-    agent = Agent(args.node, args.pool, probe, kube, args.max_cordoned_share, args.dry_run, metrics)
-    try:
-        serve(agent, args.interval, args.max_backoff, args.rounds)
-    except gpu_probe.ReadingError as e:
-        print(f"{COMPONENT}: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    def make_round(probe: Callable[[], gpu_probe.Verdict], kube: Kube) -> Callable[[], bool]:
+        agent = Agent(args.node, args.pool, probe, kube, args.max_cordoned_share, args.dry_run, metrics)
+
+        def one_round() -> bool:
+            agent.round()
+            return False  # the health agent watches for as long as its node runs
+
+        return one_round
+
+    return run_agent(COMPONENT, log, args, metrics, make_round)
 
 
 if __name__ == "__main__":

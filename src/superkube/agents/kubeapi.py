@@ -1,0 +1,232 @@
+"""What superkube's node agents share for talking to the API server: the official client's few calls
+they make, the Event they record each action with, and which errors mean "unreachable, try later"."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects (nodes) live
+MAX_MESSAGE = 1024  # the API server caps an Event's message at this many bytes
+POOL_LABEL = "superkube.io/pool"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+
+
+def eviction(pod: PodRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+    }
+
+
+def event(
+    node: Mapping[str, Any], component: str, type_: str, reason: str, message: str, at: datetime
+) -> dict[str, Any]:
+    """A core/v1 Event about `node` from `component`."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name", "")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{int(at.timestamp() * 1e6):x}", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", "")},
+        "type": type_,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "source": {"component": component, "host": name},
+        "reportingComponent": component,
+        "reportingInstance": name,
+        "firstTimestamp": stamp(at),
+        "lastTimestamp": stamp(at),
+        "count": 1,
+    }
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Errors that mean the API server could not be asked (or refused for now), not a bug."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return isinstance(exc, ApiException | HTTPError | OSError)
+
+
+class Kube:
+    """The calls the agents make, through the official Kubernetes client."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        from kubernetes import client, config
+
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            config.load_incluster_config()
+        api = client.ApiClient()
+        api.configuration.retries = 0  # the agent's own backoff decides when to try again
+        self.core = client.CoreV1Api(api)
+        self.api = api
+
+    def _plain(self, obj: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self.api.sanitize_for_serialization(obj)
+        return data
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self._plain(self.core.read_node(name, _request_timeout=10))
+
+    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
+        items = self.core.list_node(label_selector=f"{POOL_LABEL}={pool}", _request_timeout=30).items
+        return [self._plain(n) for n in items]
+
+    def pods_on(self, node: str) -> list[dict[str, Any]]:
+        items = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _request_timeout=30
+        ).items
+        return [self._plain(p) for p in items]
+
+    def patch_node(self, name: str, body: Any) -> None:
+        """A merge patch (a mapping) or a JSON patch (a list of operations) of the node."""
+        self.core.patch_node(name, body, _request_timeout=10)
+
+    def evict(self, pod: PodRef) -> bool:
+        """True when the pod is being evicted; False when a PodDisruptionBudget holds it (429)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            body: Any = eviction(pod)  # the client serialises plain dicts as they are
+            self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _request_timeout=10)
+        except ApiException as e:
+            if e.status == 429:
+                return False
+            if e.status == 404:  # gone already
+                return True
+            raise
+        return True
+
+    def create_event(self, body: Any) -> None:
+        self.core.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=10)
+
+
+def serve(
+    one_round: Callable[[], bool],
+    api_up: Any,
+    log: logging.Logger,
+    interval: float,
+    max_backoff: float,
+    rounds: int | None = None,
+) -> None:
+    """Run `one_round` every `interval` seconds until it returns True (or `rounds` are done). While
+    the API server cannot be reached, back off (doubling, to `max_backoff`) with `api_up` at 0 and
+    one log line a try; any other error is a bug and is raised."""
+    delay, done = interval, 0
+    while rounds is None or done < rounds:
+        try:
+            if one_round():
+                return
+            delay = interval
+        except Exception as exc:  # classified here
+            if not unreachable(exc):
+                raise
+            api_up.set(0)
+            delay = min(max(delay * 2, interval), max_backoff)
+            log.error(
+                "API server unreachable (%s); next try in %.0f s", str(exc).splitlines()[0][:200], delay
+            )
+        done += 1
+        if rounds is None or done < rounds:
+            time.sleep(delay)
+
+
+def probe_of(
+    node: str, vm_size: str, expected_gpus: int, reading: Path | None, thresholds: Any
+) -> Callable[[], Any]:
+    """The node's probe: NVML, or a saved reading (tests, incidents), judged by `thresholds`."""
+    from superkube.agents import gpu_probe
+
+    def probe() -> gpu_probe.Verdict:
+        if reading is not None:
+            return gpu_probe.verdict(gpu_probe.load_reading(reading), thresholds)
+        return gpu_probe.verdict(gpu_probe.read_nvml(node, vm_size, expected_gpus), thresholds)
+
+    return probe
+
+
+def agent_parser(prog: str, description: str, metrics_port: int) -> argparse.ArgumentParser:
+    """The options every node agent takes (each adds its own)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""))
+    p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS", "0") or 0))
+    p.add_argument("--reading", type=Path, help="a saved probe reading instead of NVML (tests, incidents)")
+    p.add_argument("--thresholds", type=Path, default=None, help="default: data/gpu_health.yaml")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
+    p.add_argument("--max-backoff", type=float, default=600.0)
+    p.add_argument("--metrics-port", type=int, default=metrics_port)
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--kubeconfig", default=None, help="default: the pod's service account")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (tests)")
+    return p
+
+
+def check_agent_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.node:
+        p.error("--node is required (or NODE_NAME)")
+    if args.reading is None and (not args.vm_size or args.expected_gpus < 1):
+        p.error("reading NVML needs --vm-size and --expected-gpus >= 1")
+
+
+def run_agent(
+    component: str,
+    log: logging.Logger,
+    args: argparse.Namespace,
+    metrics: Any,
+    make_round: Callable[[Callable[[], Any], Kube], Callable[[], bool]],
+) -> int:
+    """Start an agent: its thresholds, its probe, its metrics server, the client, then its rounds.
+    A bad thresholds file or reading, or a client config that cannot load, is one line and exit 2."""
+    from prometheus_client import start_http_server
+
+    from superkube.agents import gpu_probe
+
+    logging.basicConfig(
+        level=logging.INFO, format=f"{component} %(levelname)s %(message)s", stream=sys.stderr
+    )
+    try:
+        limits = gpu_probe.thresholds(args.thresholds or gpu_probe.THRESHOLDS)
+    except gpu_probe.ReadingError as e:
+        print(f"{component}: {e}", file=sys.stderr)
+        return 2
+    probe = probe_of(args.node, args.vm_size, args.expected_gpus, args.reading, limits)
+    start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
+    try:
+        kube = Kube(args.kubeconfig)
+    except Exception as e:  # a config the client cannot load
+        print(f"{component}: cannot load the Kubernetes client's config: {e}", file=sys.stderr)
+        return 2
+    try:
+        serve(make_round(probe, kube), metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
+    except gpu_probe.ReadingError as e:
+        print(f"{component}: {e}", file=sys.stderr)
+        return 2
+    return 0

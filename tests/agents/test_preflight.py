@@ -1,0 +1,241 @@
+"""Preflight: a passing node loses the preflight taint and label (and nothing else), a failing one keeps
+them with the reason recorded; and the admission policy that fences the agent in, its CEL evaluated
+over real before/after nodes by a CEL implementation (cel-python: the same language, not the API
+server's own evaluator, which cannot run here)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+
+from modules.platform import node_health as component
+from superkube import render
+from superkube.agents import gpu_probe
+from superkube.agents import preflight as pf
+from superkube.spec import PREFLIGHT_TAINT_KEY
+from tests.agents.test_node_health import PODS, READINGS, Api, node, run_agent
+
+VERSION = "1.35.0"
+SA = "system:serviceaccount:superkube-system:superkube-preflight"
+
+
+def joining(name: str = "gpu-1") -> dict[str, Any]:
+    """A GPU node as it registers: the preflight taint and label, its pool's own taint beside them."""
+    n = node(name, preflight=True)
+    n["metadata"]["labels"][PREFLIGHT_TAINT_KEY] = "pending"
+    n["spec"]["taints"].append({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"})
+    return n
+
+
+def apply(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 for the operations the agent sends (test, replace, remove, add) on object paths."""
+    out = copy.deepcopy(doc)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        target = out
+        for p in parents:
+            target = target[p]
+        if op["op"] == "test":
+            assert target.get(last) == op["value"], f"test failed at {op['path']}"
+        elif op["op"] == "remove":
+            del target[last]
+        else:
+            target[last] = op["value"]
+    return out
+
+
+def verdict(name: str) -> gpu_probe.Verdict:
+    return gpu_probe.verdict(gpu_probe.load_reading(READINGS / f"{name}.json"))
+
+
+def test_a_passing_node_loses_the_taint_and_label_and_nothing_else() -> None:
+    before = joining()
+    after = apply(before, pf.pass_patch(before, "passed 2026-11-23T08:00:00Z"))
+    assert after["spec"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    assert PREFLIGHT_TAINT_KEY not in after["metadata"]["labels"]
+    assert after["metadata"]["annotations"][pf.RESULT_ANNOTATION] == "passed 2026-11-23T08:00:00Z"
+    assert {k: v for k, v in after["metadata"]["labels"].items()} == {
+        k: v for k, v in before["metadata"]["labels"].items() if k != PREFLIGHT_TAINT_KEY
+    }
+    assert render.validate(after, VERSION) == []
+
+
+def test_a_node_changed_since_it_was_read_is_not_overwritten() -> None:
+    read = joining()
+    now = copy.deepcopy(read)
+    now["spec"]["taints"].append({"key": "maintenance", "effect": "NoSchedule"})  # someone else's change
+    with pytest.raises(AssertionError, match="test failed at /spec/taints"):
+        apply(now, pf.pass_patch(read, "passed"))
+
+
+@pytest.mark.parametrize(
+    ("reading", "codes"),
+    [
+        ("xid-79-off-the-bus", {"gpu-count", "xid-79"}),
+        ("xid-48-dbe", {"xid-48", "ecc"}),
+        ("nvlink-down", {"nvlink"}),
+        ("xid-64-remap-failure", {"xid-64", "remapped-rows"}),
+    ],
+)
+def test_each_failure_counts_under_a_bounded_reason(reading: str, codes: set[str]) -> None:
+    fatal = [f for f in verdict(reading).findings if f.level == "fatal"]
+    assert {pf.reason_code(f) for f in fatal} <= codes and fatal
+
+
+# --- the fence: the policy's CEL over before and after -------------------------------------------------
+
+
+def policy() -> dict[str, Any]:
+    (vap,) = [m for m in component.fence() if m["kind"] == "ValidatingAdmissionPolicy"]
+    return vap
+
+
+def admits(old: dict[str, Any], new: dict[str, Any], user: str = SA, node_name: str = "gpu-1") -> list[str]:
+    """The messages of the validations that reject this update (empty: admitted)."""
+    env = celpy.Environment()
+    activation = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel(
+            {"userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
+        ),
+    }
+    spec = policy()["spec"]
+    if not all(
+        env.program(env.compile(c["expression"])).evaluate(activation) for c in spec["matchConditions"]
+    ):
+        return []  # the policy does not apply to this user
+    return [
+        v["message"]
+        for v in spec["validations"]
+        if not env.program(env.compile(v["expression"])).evaluate(activation)
+    ]
+
+
+def test_the_policy_and_its_binding_are_valid_objects() -> None:
+    for obj in component.fence():
+        assert render.validate(obj, VERSION) == [], obj["kind"]
+
+
+def test_the_fence_admits_the_agents_own_pass_and_fail() -> None:
+    before = joining()
+    assert admits(before, apply(before, pf.pass_patch(before, "passed"))) == []
+    assert admits(before, apply(before, pf.fail_patch(before, "failed: Xid 79"))) == []
+
+
+def changed(change: Any) -> dict[str, Any]:
+    after = copy.deepcopy(joining())
+    change(after)
+    return after
+
+
+BREACHES = [
+    ("another node", None, "gpu-2", "the preflight agent may change only the node its pod runs on"),
+    (
+        "remove the pool's own taint",
+        lambda n: n["spec"].update(taints=[]),
+        "gpu-1",
+        f"the preflight agent may only remove the {PREFLIGHT_TAINT_KEY} taint",
+    ),
+    (
+        "add a taint",
+        lambda n: n["spec"]["taints"].append({"key": "x", "effect": "NoExecute"}),
+        "gpu-1",
+        f"the preflight agent may only remove the {PREFLIGHT_TAINT_KEY} taint",
+    ),
+    (
+        "relabel the pool",
+        lambda n: n["metadata"]["labels"].update({"superkube.io/pool": "cpu"}),
+        "gpu-1",
+        f"the preflight agent may only remove the {PREFLIGHT_TAINT_KEY} label",
+    ),
+    (
+        "drop the hostname label",
+        lambda n: n["metadata"]["labels"].pop("kubernetes.io/hostname"),
+        "gpu-1",
+        f"the preflight agent may only remove the {PREFLIGHT_TAINT_KEY} label",
+    ),
+    (
+        "write the health agent's annotation",
+        lambda n: n["metadata"]["annotations"].update({"superkube.io/health-cordoned": "x"}),
+        "gpu-1",
+        f"the preflight agent may only set the {pf.RESULT_ANNOTATION} annotation",
+    ),
+    (
+        "cordon",
+        lambda n: n["spec"].update(unschedulable=True),
+        "gpu-1",
+        "the preflight agent may not cordon or uncordon",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "on", "message"), [b[1:] for b in BREACHES], ids=[b[0] for b in BREACHES])
+def test_the_fence_rejects_anything_else(change: Any, on: str, message: str) -> None:
+    before = joining()
+    after = changed(change) if change else apply(before, pf.pass_patch(before, "passed"))
+    assert message in admits(before, after, node_name=on)
+
+
+def test_the_fence_leaves_other_users_alone() -> None:
+    before = joining()
+    assert admits(before, changed(lambda n: n["spec"].update(taints=[])), user="system:node:gpu-1") == []
+
+
+# --- the agent as a process --------------------------------------------------------------------------
+
+
+def test_the_agent_passes_a_healthy_node_through_the_api(tmp_path: Path) -> None:
+    api = Api([joining(), *[node(f"gpu-{i}") for i in range(2, 5)]], PODS, set())
+    try:
+        proc, _ = run_agent(api.kubeconfig(tmp_path / "k"), "healthy", module="superkube.agents.preflight")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+    assert proc.returncode == 0, err
+    ((method, path, ctype, ops),) = [w for w in api.writes if w[0] == "PATCH"]
+    assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/gpu-1", "application/json-patch+json")
+    after = apply(joining(), ops)
+    assert admits(joining(), after) == [] and not pf.pending(after)
+    (ev,) = [w[3] for w in api.writes if w[1].endswith("/events")]
+    assert ev["reason"] == "PreflightPassed" and render.validate(ev, VERSION) == []
+
+
+def test_the_agent_keeps_a_failing_node_out_with_the_reason(tmp_path: Path) -> None:
+    api = Api([joining()], PODS, set())
+    try:
+        proc, _ = run_agent(
+            api.kubeconfig(tmp_path / "k"), "xid-95-uncontained", module="superkube.agents.preflight"
+        )
+        _, err = proc.communicate(timeout=60)
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+    assert proc.returncode == 0, err
+    ((_, _, _, ops),) = [w for w in api.writes if w[0] == "PATCH"]
+    after = apply(joining(), ops)
+    assert pf.pending(after) and after["metadata"]["labels"][PREFLIGHT_TAINT_KEY] == "pending"
+    assert "Xid 95" in after["metadata"]["annotations"][pf.RESULT_ANNOTATION]
+    assert admits(joining(), after) == []
+    (ev,) = [w[3] for w in api.writes if w[1].endswith("/events")]
+    assert ev["type"] == "Warning" and ev["reason"] == "PreflightFailed"
+    assert json.dumps(ev).count("Xid 95") == 1
+
+
+def test_a_node_past_preflight_ends_the_agent_without_a_write(tmp_path: Path) -> None:
+    api = Api([node("gpu-1")], PODS, set())
+    try:
+        proc, _ = run_agent(
+            api.kubeconfig(tmp_path / "k"), "healthy", module="superkube.agents.preflight", rounds=5
+        )
+        _, err = proc.communicate(timeout=60)
+    finally:
+        api.server.shutdown()
+        api.server.server_close()
+    assert proc.returncode == 0 and api.writes == [] and "past preflight" in err
