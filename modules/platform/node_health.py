@@ -30,9 +30,9 @@ from modules.platform.foundation import NAMESPACE, NODE_AGENT_PRIORITY
 from modules.platform.objects import Manifest
 from superkube.agents import AGENTS_IMAGE
 from superkube.agents.gpu_probe import THRESHOLDS
-from superkube.agents.preflight import METRICS_PORT as PREFLIGHT_PORT
 from superkube.agents.preflight import RESULT_ANNOTATION
-from superkube.kube import NODE_AGENTS_METRICS_PORT
+from superkube.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
+from superkube.kube import NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
 from superkube.spec import PREFLIGHT_TAINT_KEY
 from superkube.spec import NodePool as PoolSpec
 from superkube.vmsizes import VmSize
@@ -168,7 +168,7 @@ def fence() -> list[Manifest]:
 def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) -> Manifest:
     base = HEALTH if agent == "health" else PREFLIGHT
     name = f"{base}-{pool.name}"
-    port = NODE_AGENTS_METRICS_PORT if agent == "health" else PREFLIGHT_PORT
+    port = NODE_AGENTS_METRICS_PORT if agent == "health" else PREFLIGHT_METRICS_PORT
     flags = [
         f"--interval={args.interval_seconds}",
         f"--metrics-port={port}",
@@ -176,9 +176,9 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
     ]
     if agent == "health":
         flags += [f"--max-cordoned-share={args.max_cordoned_share}", *(["--dry-run"] if args.dry_run else [])]
-    selector = {"superkube.io/pool": pool.name}
+    selector = {POOL_LABEL: pool.name}
     if agent == "preflight":
-        selector[PREFLIGHT_TAINT_KEY] = "pending"  # the pod goes once the node has passed
+        selector[PREFLIGHT_TAINT_KEY] = PREFLIGHT_PENDING  # the pod goes once the node has passed
     env = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "NODE_POOL", "value": pool.name},

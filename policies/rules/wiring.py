@@ -187,7 +187,8 @@ def _monitoring(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[F
     stores = r.of(METRICS_STORE)
     store_ips = sorted(h.address for h in stores)
     shards: list[int] = []
-    for host in r.of(MONITORING):
+    hosts = r.of(MONITORING)
+    for host in hosts:
         mine = [int(s) for s in r.var("monitoring", host, "monitoring_host_shards")]
         shards += mine
         urls = r.var("monitoring", host, "monitoring_store_urls")
@@ -202,7 +203,6 @@ def _monitoring(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[F
                     f"vminsert ({', '.join(f'{ip}:{kube.VMINSERT_PORT}' for ip in store_ips)})",
                     host.urn,
                 )
-    hosts = r.of(MONITORING)
     if sorted(shards) != list(range(len(hosts))):
         yield Finding(
             f"the {len(hosts)} Prometheus hosts run shards {sorted(shards)}, not each of 0..{len(hosts) - 1} once"

@@ -23,8 +23,9 @@ import yaml
 
 from superkube.spec import PREFLIGHT_TAINT_KEY
 
-PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}=pending:NoSchedule"
-PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}=pending"
+PREFLIGHT_PENDING = "pending"  # the preflight taint's and label's value until the node passes
+PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}:NoSchedule"
+PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}"
 REGISTRATION_FILE = "/etc/default/kubelet"
 JOIN_SCRIPT = "/usr/local/sbin/superkube-join"
 JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
@@ -55,7 +56,7 @@ def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) ->
         ROLE_LABEL: role,
     }
     if role == "gpu":
-        labels[PREFLIGHT_TAINT_KEY] = "pending"
+        labels[PREFLIGHT_TAINT_KEY] = PREFLIGHT_PENDING
     labels.update(extra)
     return labels
 

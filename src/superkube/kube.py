@@ -22,6 +22,9 @@ NODE_EXPORTER_PORT = 9100
 IPTABLES_EXPORTER_PORT = 9455
 # superkube's node agents (health, preflight) serve /metrics here on the host network
 NODE_AGENTS_METRICS_PORT = 9465
+# the cluster CA and a metrics token on each Prometheus host (discovery and the https jobs)
+PROMETHEUS_PKI_DIR = "/etc/prometheus/pki"
+PREFLIGHT_METRICS_PORT = 9466  # the preflight agent, beside the health agent on the same host network
 CLUSTER_DOMAIN = "cluster.local"
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
 # Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
@@ -90,6 +93,7 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "node_exporter_port": NODE_EXPORTER_PORT,
         "iptables_exporter_port": IPTABLES_EXPORTER_PORT,
         "node_agents_metrics_port": NODE_AGENTS_METRICS_PORT,
+        "prometheus_pki_dir": PROMETHEUS_PKI_DIR,
         # monitoring: shard i runs on prometheus_ips[i] and writes to metrics_store_write_urls[i]
         "prometheus_ips": [str(ip) for ip in addresses.prometheus_ips],
         "metrics_store_ips": [str(ip) for ip in addresses.metrics_store_ips],

@@ -37,6 +37,7 @@ from superkube.kube import (
     NAT_HOST,
     NODE_AGENTS_METRICS_PORT,
     NODE_EXPORTER_PORT,
+    PROMETHEUS_PKI_DIR,
     SYSTEM_NAMESPACE,
     apiserver_url,
     metrics_store_write_urls,
@@ -179,7 +180,7 @@ def _shard_relabel(shards: int, shard: int) -> list[dict[str, Any]]:
     ]
 
 
-PKI = "/etc/prometheus/pki"  # the cluster CA and a token allowed to read metrics, nodes and agent pods
+PKI = PROMETHEUS_PKI_DIR
 
 
 def _auth() -> dict[str, Any]:

@@ -44,11 +44,11 @@ from superkube.agents.kubeapi import (
     run_agent,
     stamp,
 )
+from superkube.kube import PREFLIGHT_METRICS_PORT
 from superkube.spec import PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-preflight"
 RESULT_ANNOTATION = f"{PREFLIGHT_TAINT_KEY}-result"
-METRICS_PORT = 9466  # beside the health agent's 9465 on the same node's host network
 
 log = logging.getLogger(COMPONENT)
 
@@ -174,7 +174,7 @@ class Agent:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    p = agent_parser("preflight", __doc__.splitlines()[0], METRICS_PORT)
+    p = agent_parser("preflight", __doc__.splitlines()[0], PREFLIGHT_METRICS_PORT)
     args = p.parse_args(argv)
     check_agent_args(p, args)
     return args
