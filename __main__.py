@@ -10,6 +10,7 @@ from modules.cluster import Cluster, ClusterArgs
 from superkube import vmsizes
 from superkube.ipam import plan_addresses
 from superkube.spec import CONFIG_KEYS, KUBECONFIG_KEY, NAMESPACE, SpecError, from_config
+from superkube.teams import WEBHOOK_TLS_KEY
 
 config = pulumi.Config(NAMESPACE)
 values = {key: config.get(key) for key in CONFIG_KEYS}
@@ -31,6 +32,17 @@ if spec.in_cluster_layer and kubeconfig is None:
         f"-s {pulumi.get_stack()}); after superkube converge run pulumi config set --secret "
         f"{KUBECONFIG_KEY} -s {pulumi.get_stack()} < <inventory dir>/pki/admin.kubeconfig"
     )
-cluster = Cluster(plan.cluster, ClusterArgs(spec=spec, plan=plan, kubeconfig=kubeconfig))
+# The team webhook's certificate, key and CA: converge writes them as pki/team-webhook.pem.
+tls_namespace, _, tls_key = WEBHOOK_TLS_KEY.partition(":")
+webhook_tls = pulumi.Config(tls_namespace).get_secret(tls_key)
+if spec.in_cluster_layer and spec.teams and webhook_tls is None:
+    raise pulumi.RunError(
+        f"{WEBHOOK_TLS_KEY} is not set, and the team webhook (superkube:teams is not empty) needs it: "
+        f"after superkube converge run pulumi config set --secret {WEBHOOK_TLS_KEY} -s {pulumi.get_stack()} "
+        "< <inventory dir>/pki/team-webhook.pem"
+    )
+cluster = Cluster(
+    plan.cluster, ClusterArgs(spec=spec, plan=plan, kubeconfig=kubeconfig, team_webhook_tls=webhook_tls)
+)
 for key, value in cluster.outputs.items():
     pulumi.export(key, value)

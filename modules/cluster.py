@@ -31,6 +31,8 @@ class ClusterArgs:
     """The address plan made from the spec (every subnet, scale set and static IP)."""
     kubeconfig: pulumi.Input[str] | None = None
     """Admin kubeconfig for the in-cluster layer (default: none; required when spec.in_cluster_layer)."""
+    team_webhook_tls: pulumi.Input[str] | None = None
+    """The team webhook's PEM bundle (default: none; required when the layer has teams)."""
 
     def __post_init__(self) -> None:
         require(
@@ -241,6 +243,7 @@ class Cluster(pulumi.ComponentResource):
                     spec=spec,
                     cluster=cluster,
                     kubeconfig=args.kubeconfig,
+                    team_webhook_tls=args.team_webhook_tls,
                     subscription_id=subscription_id,
                     resource_group_name=self.group.name,
                     identity_client_id=self.autoscaler_identity.client_id,

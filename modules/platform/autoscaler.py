@@ -9,6 +9,7 @@ import pulumi
 
 from modules.common import require
 from modules.platform import objects
+from modules.platform.foundation import CLUSTER_CRITICAL
 from modules.platform.objects import Manifest
 from superkube import autoscaling
 from superkube.cloudinit import ROLE_LABEL
@@ -204,7 +205,7 @@ def manifests(args: AutoscalerArgs) -> list[Manifest]:
                     },
                     "spec": {
                         "serviceAccountName": NAME,
-                        "priorityClassName": "system-cluster-critical",
+                        "priorityClassName": CLUSTER_CRITICAL,
                         "nodeSelector": dict(args.node_selector),
                         "containers": [container],
                     },

@@ -23,6 +23,7 @@ from modules.platform.objects import Manifest
 from superkube.cloudinit import POOL_LABEL
 from superkube.spec import PREFLIGHT_TAINT_KEY
 from superkube.spec import NodePool as PoolSpec
+from superkube.teams import TAINT_EFFECT, TEAM_KEY
 from superkube.vmsizes import VmSize, fill_one_node
 
 COMPONENT = "balloons"
@@ -53,8 +54,9 @@ class BalloonsArgs:
 
 
 def tolerations(pool: PoolSpec) -> list[dict[str, str]]:
-    """The pool's own taints, tolerated exactly; the preflight taint never."""
-    out = []
+    """The pool's own taints, tolerated exactly, and every team's (a balloon holds a node for whoever
+    comes, and any real pod preempts it); the preflight taint never."""
+    out = [{"key": TEAM_KEY, "operator": "Exists", "effect": TAINT_EFFECT}]
     for taint in pool.taints:
         key_value, _, effect = taint.partition(":")
         key, _, value = key_value.partition("=")

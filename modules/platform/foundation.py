@@ -17,6 +17,8 @@ NAMESPACE = SYSTEM_NAMESPACE
 BALLOON_PRIORITY = "superkube-balloon"
 DEFAULT_PRIORITY = "superkube-default"
 NODE_AGENT_PRIORITY = "superkube-node-agent"
+CLUSTER_CRITICAL = "system-cluster-critical"
+"""Kubernetes' built-in class for what the cluster cannot run without (controllers, webhooks)."""
 COMPONENT = "foundation"
 
 

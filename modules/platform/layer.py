@@ -13,12 +13,15 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from modules.common import require
 from modules.platform.autoscaler import Autoscaler, AutoscalerArgs
 from modules.platform.balloons import Balloons, BalloonsArgs
 from modules.platform.flowcontrol import NodeJoinFlow, NodeJoinFlowArgs
 from modules.platform.foundation import Foundation, FoundationArgs
+from modules.platform.gang import GangScheduling, GangSchedulingArgs
 from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
+from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
 from superkube import autoscaling, vmsizes
 from superkube.spec import ClusterSpec
 
@@ -37,6 +40,15 @@ class InClusterLayerArgs:
     """Resource group of the node pools' scale sets."""
     identity_client_id: pulumi.Input[str]
     """Client ID of the identity the autoscaler uses to resize scale sets."""
+    team_webhook_tls: pulumi.Input[str] | None = None
+    """The team webhook's PEM bundle: certificate, key, CA (required when spec.teams is not empty)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.team_webhook_tls is not None or not self.spec.teams,
+            "team_webhook_tls",
+            "the team webhook (spec.teams) needs its certificate bundle",
+        )
 
 
 class InClusterLayer(pulumi.ComponentResource):
@@ -90,13 +102,25 @@ class InClusterLayer(pulumi.ComponentResource):
                 pools=[(pool, vm) for pool, vm in sized if pool.role == "gpu"],
                 max_cordoned_share=spec.health_max_cordoned_share,
                 dry_run=spec.health_dry_run,
+                dcgm_url=spec.health_dcgm_exporter_url,
             ),
             opts=after,
         )
         self.monitoring_access = MonitoringAccess(
             f"{name}-monitoring-access", MonitoringAccessArgs(), opts=after
         )
-        components = ["foundation", "flowcontrol", "balloons", "node-health", "monitoring-access"] + (
-            ["autoscaler"] if self.autoscaler else []
+        self.gang = GangScheduling(
+            f"{name}-gang", GangSchedulingArgs(kubernetes_version=spec.kubernetes_version), opts=after
+        )
+        self.team_capacity = None
+        if spec.teams and args.team_webhook_tls is not None:
+            self.team_capacity = TeamCapacity(
+                f"{name}-teams",
+                TeamCapacityArgs(tuples=spec.teams, webhook_tls=args.team_webhook_tls),
+                opts=after,
+            )
+        components = ["foundation", "flowcontrol", "balloons", "node-health", "monitoring-access", "gang"]
+        components += (["autoscaler"] if self.autoscaler else []) + (
+            ["team-capacity"] if self.team_capacity else []
         )
         self.register_outputs({"components": components})

@@ -60,6 +60,8 @@ class NodeHealthArgs:
     """The agents' image (default: the one built from this checkout's Dockerfile, pinned)."""
     thresholds: Path = THRESHOLDS
     """The thresholds file the ConfigMap is made from."""
+    dcgm_url: str = ""
+    """The node's dcgm-exporter /metrics, read beside NVML (default: none); `$(NODE_IP)` is the node's address."""
 
     def __post_init__(self) -> None:
         require(0 < self.max_cordoned_share <= 1, "max_cordoned_share", "must be in (0, 1]")
@@ -176,11 +178,14 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
     ]
     if agent == "health":
         flags += [f"--max-cordoned-share={args.max_cordoned_share}", *(["--dry-run"] if args.dry_run else [])]
+    if args.dcgm_url:
+        flags.append(f"--dcgm-url={args.dcgm_url}")
     selector = {POOL_LABEL: pool.name}
     if agent == "preflight":
         selector[PREFLIGHT_TAINT_KEY] = PREFLIGHT_PENDING  # the pod goes once the node has passed
     env = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
         {"name": "NODE_POOL", "value": pool.name},
         {"name": "VM_SIZE", "value": vm.name},
         {"name": "EXPECTED_GPUS", "value": str(vm.gpus)},
@@ -234,23 +239,9 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
 
 
 def _access(agent: Agent) -> list[Manifest]:
-    name = HEALTH if agent == "health" else PREFLIGHT
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": objects.meta(name, COMPONENT, NAMESPACE)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": objects.meta(name, COMPONENT),
-            "rules": RULES[agent],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": objects.meta(name, COMPONENT),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
-        },
-    ]
+    return objects.service_account_access(
+        HEALTH if agent == "health" else PREFLIGHT, COMPONENT, NAMESPACE, RULES[agent]
+    )
 
 
 def manifests(args: NodeHealthArgs) -> list[Manifest]:

@@ -52,6 +52,28 @@ def meta(name: str, component: str, namespace: str | None = None, **extra: Any) 
     return metadata
 
 
+def service_account_access(
+    name: str, component: str, namespace: str, rules: list[dict[str, object]]
+) -> list[Manifest]:
+    """A ServiceAccount and the ClusterRole (with `rules`) bound to it, all named `name`."""
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name, component, namespace)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta(name, component),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta(name, component),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    ]
+
+
 def _resource_class(api_version: str, kind: str) -> Any:
     group, _, version = api_version.rpartition("/")
     package = group.split(".")[0] if group else "core"

@@ -1,6 +1,6 @@
 """Every rule, in report order. Importing this never starts a policy server."""
 
-from policies.rules import compute, hygiene, monitoring, network, platform, topology, wiring
+from policies.rules import compute, hygiene, jobs, monitoring, network, platform, topology, wiring
 
 ALL_RULES = [
     *topology.RULES,
@@ -10,4 +10,5 @@ ALL_RULES = [
     *wiring.RULES,
     *platform.RULES,
     *monitoring.RULES,
+    *jobs.RULES,
 ]

@@ -833,13 +833,23 @@ app.add_typer(health_app, name="health")
 @health_app.command("explain")
 def health_explain(
     reading_file: Annotated[Path, typer.Argument(help="A saved probe reading (JSON).")],
+    dcgm: Annotated[
+        Path | None, typer.Option("--dcgm", help="A saved dcgm-exporter scrape of the node, merged in.")
+    ] = None,
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
     """The verdict on a saved GPU probe reading and every reason for it (exit 1 when fatal)."""
     from superkube.agents import gpu_probe
 
     try:
-        result = gpu_probe.verdict(gpu_probe.load_reading(reading_file))
+        reading = gpu_probe.load_reading(reading_file)
+        if dcgm is not None:
+            try:
+                text = dcgm.read_text()
+            except OSError as exc:
+                fail(f"{dcgm}: cannot read: {exc.strerror}")
+            reading = gpu_probe.merge_dcgm(reading, text, str(dcgm))
+        result = gpu_probe.verdict(reading)
     except gpu_probe.ReadingError as exc:
         fail(str(exc))
     if output is Output.json:
@@ -851,6 +861,44 @@ def health_explain(
             out.print(f"  {escape(str(finding))}", highlight=False)
     if result.level == "fatal":
         raise typer.Exit(1)
+
+
+job_app = typer.Typer(
+    help="MPI jobs: a short job description as a gang-scheduled MPIJob.", no_args_is_help=True
+)
+app.add_typer(job_app, name="job")
+
+
+@job_app.command("render")
+def job_render(
+    job_file: Annotated[
+        Path, typer.Argument(help="A job description (YAML): name, image, command, workers, team, ...")
+    ],
+    stack: Annotated[
+        str, typer.Option("--stack", "-s", help="The stack the job runs on (its pools and teams).")
+    ] = "dev",
+    project: Annotated[Path | None, typer.Option("--project", help="superkube project directory.")] = None,
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """Write the MPIJob for a job description, checked against the MPIJob CRD and the pod schema."""
+    from superkube import jobs
+    from superkube import plan as planning
+
+    try:
+        job = jobs.load(job_file)
+        _, spec, _ = planning.load(_project(project), stack)
+        mpijob = jobs.render(job, spec)
+    except (jobs.JobError, SpecError) as exc:
+        fail(str(exc))
+    found = jobs.problems(mpijob, spec.kubernetes_version)
+    if found:
+        fail(f"{job_file}: the MPIJob is not valid: {found[0]}", code=1)
+    if output is Output.json:
+        sys.stdout.write(json.dumps(mpijob, indent=2) + "\n")
+    else:
+        from superkube.render import to_yaml
+
+        sys.stdout.write(to_yaml([mpijob]))
 
 
 if __name__ == "__main__":

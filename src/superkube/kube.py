@@ -25,7 +25,10 @@ NODE_AGENTS_METRICS_PORT = 9465
 # the cluster CA and a metrics token on each Prometheus host (discovery and the https jobs)
 PROMETHEUS_PKI_DIR = "/etc/prometheus/pki"
 PREFLIGHT_METRICS_PORT = 9466  # the preflight agent, beside the health agent on the same host network
+TEAM_TAINTS_METRICS_PORT = 9467  # the team-taints reconciler (a Deployment, on the pod network)
+TEAM_WEBHOOK_PORT = 8443  # the team admission webhook's HTTPS port in its pod (Service port 443)
 CLUSTER_DOMAIN = "cluster.local"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
 # Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
 # no pod IP, so a node's pod limit is its pod IPs plus these.
@@ -109,6 +112,7 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "service_ip": service_ip(spec.service_cidr),
         "dns_ip": service_ip(spec.service_cidr, DNS_SERVICE_INDEX),
         "cluster_domain": CLUSTER_DOMAIN,
+        "team_webhook_dns_names": team_webhook_dns_names(),
         # where cloud-init's registration lies and which file's arrival starts its join unit
         "kubelet_registration_file": REGISTRATION_FILE,
         "kubelet_bootstrap_kubeconfig": BOOTSTRAP_KUBECONFIG,
@@ -117,6 +121,15 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             for p in spec.node_pools
         },
     }
+
+
+TEAM_WEBHOOK_SERVICE = "superkube-team-webhook"
+
+
+def team_webhook_dns_names() -> list[str]:
+    """The names the API server reaches the team webhook's Service by (its certificate's SANs)."""
+    base = f"{TEAM_WEBHOOK_SERVICE}.{SYSTEM_NAMESPACE}.svc"
+    return [base, f"{base}.{CLUSTER_DOMAIN}"]
 
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -30,6 +30,7 @@ from pulumi.runtime.sync_await import _sync_await
 from superkube import vmsizes
 from superkube.ipam import AddressPlan, plan_addresses
 from superkube.spec import KUBECONFIG_KEY, NAMESPACE, ClusterSpec, SpecError, from_config
+from superkube.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
 
 PROJECT = "superkube"
 MOCK_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
@@ -273,8 +274,8 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
                 )
             if want == "array" and not isinstance(value, list):
                 raise SpecError(full, f"must be a list, got {value!r}", f'write {short}: ["1", "2", "3"]')
-        if full == KUBECONFIG_KEY:
-            continue  # a secret the plan never reads: the mock engine talks to no cluster
+        if full in (KUBECONFIG_KEY, WEBHOOK_TLS_KEY):
+            continue  # secrets the plan never reads: the mock engine talks to no cluster
         if isinstance(value, dict) and "secure" in value:
             raise SpecError(
                 full,
@@ -413,6 +414,8 @@ def _close_thread_loop() -> None:
 
 
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a serialized secret value
+SECRET = "[secret]"
+"""What a plan records in place of a secret value."""
 
 
 def _plain(value: Any) -> Any:
@@ -423,7 +426,7 @@ def _plain(value: Any) -> Any:
     """
     if isinstance(value, dict):
         if value.get(_SECRET_SIG) is not None:
-            return "[secret]"
+            return SECRET
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -451,7 +454,9 @@ def run(project: Path, stack: str) -> Plan:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superkube-plan")
         loop.set_default_executor(executor)
         try:
-            pulumi.runtime.set_all_config({**config, KUBECONFIG_KEY: PLAN_KUBECONFIG})
+            pulumi.runtime.set_all_config(
+                {**config, KUBECONFIG_KEY: PLAN_KUBECONFIG, WEBHOOK_TLS_KEY: PLAN_WEBHOOK_TLS}
+            )
             mocks = _Mocks()
             monitor = _RecordingMonitor(mocks)
             pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=name, preview=False, monitor=monitor)

@@ -20,7 +20,7 @@ import jsonschema
 import kubernetes_validate.utils as kv_utils
 import yaml
 
-from superkube.plan import Plan, Resource
+from superkube.plan import SECRET, Plan, Resource
 
 CRDS = Path(__file__).resolve().parents[2] / "data" / "crds"
 _KIND = re.compile(r"(?<!^)(?=[A-Z])")
@@ -44,10 +44,18 @@ def is_object(resource: Resource) -> bool:
 
 
 def manifest(resource: Resource) -> dict[str, Any]:
-    """The object as the API server would receive it: apiVersion and kind first."""
+    """The object as the API server would receive it: apiVersion and kind first. A Secret's data is
+    secret in the plan and stays out of it: it is shown empty (its keys and values never leave Pulumi)."""
     inputs = dict(resource.inputs)
     head = {"apiVersion": inputs.pop("apiVersion"), "kind": inputs.pop("kind")}
-    return {**head, **inputs}
+    return redacted({**head, **inputs})
+
+
+def redacted(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Secret whose data the plan holds as secret, with that data shown empty."""
+    if obj.get("kind") != "Secret" or SECRET not in (obj.get("data"), obj.get("stringData")):
+        return obj
+    return {**obj, **{k: {} for k in ("data", "stringData") if obj.get(k) == SECRET}}
 
 
 def component_of(plan: Plan, resource: Resource) -> str:
@@ -169,6 +177,15 @@ def _definitions(schema_dir: str) -> Any:
     )
 
 
+def is_builtin_group(api_version: str) -> bool:
+    """Kubernetes' own API groups: the core group, the dotless ones (apps, batch, policy...) and
+    *.k8s.io, but not the SIGs' *.x-k8s.io, whose kinds are CRDs. The schema files are named by the
+    group's first label only, so without this scheduling.x-k8s.io's PodGroup (a CRD) would be checked
+    against the alpha scheduling.k8s.io PodGroup of Kubernetes 1.35."""
+    group = api_version.rpartition("/")[0]
+    return "." not in group or (group.endswith(".k8s.io") and not group.endswith(".x-k8s.io"))
+
+
 @cache
 def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> Any:
     """The strict validator of one built-in kind, built once (the package's own `validate` reloads
@@ -188,6 +205,8 @@ def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> 
         if kv_utils.Version(kv_utils.major_minor(v)) <= kv_utils.Version(wanted)
     ][-1]
     schema_dir = f"v{version}-local-strict"
+    if not is_builtin_group(api_version):
+        return None
     group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     try:
         schema = kv_utils.schema_contents(
@@ -201,6 +220,7 @@ def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> 
 
 def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "objects") -> list[Problem]:
     """Problems of one object (empty when valid): at most one, the one the schema deems most relevant."""
+    obj = redacted(obj)
     label = name_of(obj)
     try:
         validator = _builtin_validator(

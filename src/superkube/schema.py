@@ -43,7 +43,9 @@ def _default(name: str) -> Any:
     field = ClusterSpec.model_fields[name]
     value = field.get_default(call_default_factory=True)
     if name in YAML_KEYS and not isinstance(value, str):
-        return yaml.safe_dump(value, sort_keys=False) if value else "{}"
+        return (
+            yaml.safe_dump(value, sort_keys=False) if value else ("[]" if isinstance(value, list) else "{}")
+        )
     return value
 
 

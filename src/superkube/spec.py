@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from superkube.agents.cni_bandwidth import parse_rate
+from superkube.teams import TeamsError, TeamTuple
+from superkube.teams import check as teams_check
 
 NAMESPACE = "superkube"
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
@@ -393,6 +395,23 @@ class ClusterSpec(_Model):
         default=False,
         description="The health agent logs the cordons and evictions it would make instead of making them.",
     )
+    health_dcgm_exporter_url: str = Field(
+        default="",
+        pattern=r"^(https?://[^\s]+)?$",
+        description=(
+            "The node's dcgm-exporter /metrics URL, whose Xid and error counters the preflight and health "
+            "agents read beside NVML ($(NODE_IP) is the node's address, e.g. http://$(NODE_IP):9400/metrics); "
+            "empty: NVML only."
+        ),
+    )
+    teams: list[TeamTuple] = Field(
+        default_factory=list,
+        description=(
+            "YAML list of team capacity tuples {selector: {label: value}, team, priority}: matching nodes get "
+            "the taint superkube.io/team=<team>:NoSchedule (highest priority wins); team any marks capacity "
+            'pods may borrow with the label superkube.io/borrow: "true". Empty: no team taints, no webhook.'
+        ),
+    )
     autoscaler_enabled: bool = Field(
         default=True,
         description="Tag every pool for cluster-autoscaler discovery (min/max and node templates).",
@@ -474,6 +493,22 @@ class ClusterSpec(_Model):
     @classmethod
     def _pools_yaml(cls, v: Any) -> Any:
         return _yaml_doc("node_pools", v, list)
+
+    @field_validator("teams", mode="before")
+    @classmethod
+    def _teams_yaml(cls, v: Any) -> Any:
+        return _yaml_doc("teams", v, list)
+
+    @field_validator("teams")
+    @classmethod
+    def _teams_apply(cls, v: list[TeamTuple]) -> list[TeamTuple]:
+        try:
+            teams_check(v, "teams")
+        except TeamsError as e:
+            where, _, rest = str(e).partition(": ")
+            head, _, fix = rest.partition("; ")
+            raise SpecError(f"{NAMESPACE}:{where}", head, fix) from None
+        return v
 
     @field_validator("control_plane_zones", mode="before")
     @classmethod
@@ -573,7 +608,7 @@ class ClusterSpec(_Model):
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)
-YAML_KEYS = frozenset({"node_pools", "peered_spokes", "limit_overrides", "policy_overrides"})
+YAML_KEYS = frozenset({"node_pools", "peered_spokes", "limit_overrides", "policy_overrides", "teams"})
 ARRAY_KEYS = frozenset({"control_plane_zones"})
 
 
@@ -635,6 +670,8 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
         model = LimitOverride
     elif loc and loc[0] == "policy_overrides":
         model = PolicyOverride
+    elif loc and loc[0] == "teams":
+        model = TeamTuple
     return list(model.model_fields)
 
 

@@ -192,6 +192,7 @@ class Api:
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
         self.pods, self.refuse = pods, refuse
         self.writes: list[tuple[str, str, str, dict[str, Any]]] = []
+        self.reads: list[str] = []
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -207,6 +208,7 @@ class Api:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
+                api.reads.append(self.path)
                 path = self.path.split("?")[0]
                 if path == "/api/v1/nodes":
                     self._send(
@@ -339,6 +341,63 @@ def test_the_agent_cordons_evicts_and_records_through_the_api(api: Api, tmp_path
     assert "disruption budget holds team-b/trainer-1" in err.replace(
         "PodDisruptionBudget holds", "disruption budget holds"
     )
+
+
+def test_only_a_round_that_may_cordon_lists_the_pool_and_from_the_cache(api: Api, tmp_path: Path) -> None:
+    """At 7,500 nodes a whole-pool list from every agent every round would swamp the API servers."""
+    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "healthy", rounds=3)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert api.reads and not any(r.startswith("/api/v1/nodes?") for r in api.reads), api.reads
+    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "xid-79-off-the-bus")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    (listed,) = [r for r in api.reads if r.startswith("/api/v1/nodes?")]
+    assert "labelSelector=superkube.io/pool%3Dgpu" in listed and "resourceVersion=0" in listed
+
+
+class FakeKube:
+    """The agent's calls on a list of nodes; counts pool lists, applies cordons."""
+
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        self.nodes = {n["metadata"]["name"]: n for n in nodes}
+        self.listed = 0
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self.nodes[name]
+
+    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
+        self.listed += 1
+        return list(self.nodes.values())
+
+    def pods_on(self, name: str) -> list[dict[str, Any]]:
+        return []
+
+    def patch_node(self, name: str, body: Any) -> None:
+        self.nodes[name] = node(name, cordoned=True)
+
+    def evict(self, pod: Any) -> bool:
+        return True
+
+    def create_event(self, body: Any) -> None:
+        pass
+
+
+def test_each_agent_counts_only_its_own_node_so_a_pool_sum_is_exact() -> None:
+    kube = FakeKube(
+        [
+            node("gpu-1"),
+            *(node(f"gpu-{i}", cordoned=True) for i in range(2, 4)),
+            *(node(f"gpu-{i}") for i in range(4, 41)),
+        ]
+    )
+    agent = nh.Agent("gpu-1", "gpu", lambda: verdict_of("xid-79-off-the-bus"), kube, 0.5)
+    agent.round()
+    assert agent.metrics.cordoned.labels("gpu")._value.get() == 1  # its own cordon, not the pool's 3
+    healthy = nh.Agent("gpu-5", "gpu", lambda: verdict_of("healthy", "gpu-5"), kube, 0.5)
+    healthy.round()
+    assert healthy.metrics.cordoned.labels("gpu")._value.get() == 0
+    assert kube.listed == 1  # the healthy round read no pool
 
 
 def test_dry_run_sends_no_write(api: Api, tmp_path: Path) -> None:

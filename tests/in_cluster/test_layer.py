@@ -17,6 +17,7 @@ from superkube import plan as planning
 from superkube.kube import APF_NODE_HIGH_PRECEDENCE
 from superkube.plan import Plan
 from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.teams import TEAM_KEY
 from tests.conftest import ROOT, dev_config
 
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -45,6 +46,8 @@ def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
         "balloons",
         "node-health",
         "monitoring-access",
+        "gang-scheduling",
+        "team-capacity",
     }
     assert render.problems(any_plan, any_plan.spec.kubernetes_version) == []
 
@@ -130,7 +133,9 @@ def test_balloons_fill_each_pool_one_node_per_pod(any_plan: Plan) -> None:
         assert term["labelSelector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
         assert pod["nodeSelector"] == {"superkube.io/pool": pool.name}
         assert all(t["key"] != PREFLIGHT_TAINT_KEY for t in pod.get("tolerations", []))
-        assert len(pod.get("tolerations", [])) == len(pool.taints)
+        # the pool's own taints and any team's (whoever comes may preempt the balloon)
+        assert len(pod.get("tolerations", [])) == len(pool.taints) + 1
+        assert {"key": TEAM_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
         balloon = named(any_plan, "PriorityClass", pod["priorityClassName"])
         assert balloon["value"] == autoscaling.EXPENDABLE_CUTOFF and balloon["preemptionPolicy"] == "Never"
 
@@ -143,7 +148,8 @@ def test_balloons_tolerate_a_pools_own_taints(write_stack: Callable[..., Path]) 
     plan = planning.run(ROOT, str(write_stack(config)))
     pod = named(plan, "Deployment", f"balloon-{pools[0]['name']}")["spec"]["template"]["spec"]
     assert pod["tolerations"] == [
-        {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"}
+        {"key": TEAM_KEY, "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "team", "operator": "Equal", "value": "vision", "effect": "NoSchedule"},
     ]
 
 
@@ -271,6 +277,25 @@ def test_prometheus_may_discover_and_read_what_its_config_asks_and_nothing_more(
         sd["role"] for job in config["scrape_configs"] for sd in job.get("kubernetes_sd_configs", [])
     }
     assert {f"{r}s" for r in discovered} <= resources and "nodes/metrics" in resources
-    (secret,) = of_kind(any_plan, "Secret")
-    assert secret["type"] == "kubernetes.io/service-account-token"
+    (secret,) = [s for s in of_kind(any_plan, "Secret") if s["type"] == "kubernetes.io/service-account-token"]
     assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "superkube-prometheus"
+
+
+def test_the_dcgm_exporter_url_reaches_both_agents_with_the_nodes_address(
+    write_stack: Callable[..., Path],
+) -> None:
+    config = dev_config()
+    config["superkube:health_dcgm_exporter_url"] = "http://$(NODE_IP):9400/metrics"
+    plan = planning.run(ROOT, str(write_stack(config)))
+    for name in ("superkube-node-health-gpu", "superkube-preflight-gpu"):
+        container = named(plan, "DaemonSet", name)["spec"]["template"]["spec"]["containers"][0]
+        assert "--dcgm-url=http://$(NODE_IP):9400/metrics" in container["command"]
+        # $(NODE_IP) expands only from a variable defined in the container's env
+        env = {e["name"]: e for e in container["env"]}
+        assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    default = named(
+        planning.run(ROOT, str(write_stack(dev_config()))), "DaemonSet", "superkube-node-health-gpu"
+    )
+    assert not any(
+        a.startswith("--dcgm-url") for a in default["spec"]["template"]["spec"]["containers"][0]["command"]
+    )

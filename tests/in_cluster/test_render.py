@@ -25,9 +25,11 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
         "00-foundation.yaml",
         "01-autoscaler.yaml",
         "02-balloons.yaml",
-        "03-monitoring-access.yaml",
-        "04-node-health.yaml",
-        "05-node-join-flow.yaml",
+        "03-gang-scheduling.yaml",
+        "04-monitoring-access.yaml",
+        "05-node-health.yaml",
+        "06-node-join-flow.yaml",
+        "07-team-capacity.yaml",
     ]
     for path in out.iterdir():
         docs = list(yaml.safe_load_all(path.read_text()))
@@ -40,7 +42,7 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
 def test_render_to_stdout_names_each_component() -> None:
     result = CliRunner().invoke(app, ["render"])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("# component: ") == 6
+    assert result.stdout.count("# component: ") == 8
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
     assert {"Deployment", "DaemonSet", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
 

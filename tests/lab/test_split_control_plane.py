@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube import fleet as runner
-from superkube import kube, lab, reference
+from superkube import gang, kube, lab, reference
 from superkube import plan as planning
 from superkube.cli import app
 from tests.lab.conftest import sh
@@ -189,8 +189,6 @@ COSCHEDULING_ARGS_V034 = {
         "podGroupRejectPercentage": {"type": "integer"},
     },
 }
-PODGROUP_SPEC_V1ALPHA1 = {"minMember", "minResources", "scheduleTimeoutSeconds"}
-PODGROUP_STATUS_V1ALPHA1 = {"phase", "occupiedBy", "running", "succeeded", "failed", "scheduleStartTime"}
 
 
 def test_scheduler_runs_coscheduling_as_the_only_profile(
@@ -199,7 +197,7 @@ def test_scheduler_runs_coscheduling_as_the_only_profile(
     config = yaml.safe_load(sh(control_plane, "apiservers-1", "cat /etc/kubernetes/scheduler-config.yaml"))
     assert reference.problems(config, "1.35.0") == []  # every field against the release's Go types
     (profile,) = config["profiles"]
-    assert profile["schedulerName"] == "default-scheduler"  # replaces the default scheduler
+    assert profile["schedulerName"] == gang.SCHEDULER_NAME == "default-scheduler"  # the only scheduler
     assert profile["plugins"]["queueSort"] == {
         "enabled": [{"name": "Coscheduling"}],
         "disabled": [{"name": "*"}],
@@ -218,43 +216,6 @@ def test_scheduler_runs_coscheduling_as_the_only_profile(
         ).strip()
         == "none"
     )
-
-
-def test_podgroup_crd_and_controller(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
-    crd = yaml.safe_load(
-        sh(control_plane, "apiservers-1", "cat /etc/kubernetes/addons/gang-scheduler/podgroup-crd.yaml")
-    )
-    assert crd["metadata"]["name"] == "podgroups.scheduling.x-k8s.io"
-    (version,) = crd["spec"]["versions"]
-    assert (crd["spec"]["group"], version["name"], version["storage"]) == (
-        "scheduling.x-k8s.io",
-        "v1alpha1",
-        True,
-    )
-    schema = version["schema"]["openAPIV3Schema"]
-    assert set(schema["properties"]["spec"]["properties"]) == PODGROUP_SPEC_V1ALPHA1
-    assert set(schema["properties"]["status"]["properties"]) == PODGROUP_STATUS_V1ALPHA1
-    gang = {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": {"name": "job"},
-        "spec": {
-            "minMember": 64,
-            "minResources": {"nvidia.com/gpu": 512, "cpu": "100"},
-            "scheduleTimeoutSeconds": 300,
-        },
-    }
-    jsonschema.validate(gang, schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**gang, "spec": {"minMember": 0}}, schema)
-    docs = list(
-        yaml.safe_load_all(
-            sh(control_plane, "apiservers-1", "cat /etc/kubernetes/addons/gang-scheduler/controller.yaml")
-        )
-    )
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "registry.k8s.io/scheduler-plugins/controller:v0.34.7"
 
 
 def test_etcd_status_shows_both_clusters(control_plane: lab.Lab, converged: dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -69,31 +68,6 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
     broken["stringdata"] = broken.pop("stringData")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, VERSION, strict=True)
-
-
-def test_gang_scheduler_objects_and_a_podgroup_are_valid(engine: wiring.Wiring) -> None:
-    host = first(engine, "apiservers")
-    (crd,) = yaml.safe_load_all(engine.template("gang_scheduler", host, "podgroup-crd.yaml.j2"))
-    controller = list(yaml.safe_load_all(engine.template("gang_scheduler", host, "controller.yaml.j2")))
-    _validate([crd, *controller])
-    (binding,) = [
-        d
-        for d in controller
-        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "superkube:gang-scheduler"
-    ]
-    assert binding["subjects"] == [
-        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-scheduler"}
-    ]
-    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    gang = {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": {"name": "job"},
-        "spec": {"minMember": 9},
-    }
-    jsonschema.validate(gang, schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**gang, "spec": {"minMember": "nine"}}, schema)
 
 
 def test_cloud_inits_registration_flags_are_kubelet_flags(flagship_plan: Plan) -> None:

@@ -62,11 +62,13 @@ def test_rule_fires_when_one_field_changes(
 
 
 def test_every_rule_has_a_one_field_change() -> None:
+    from tests.policies.test_jobs_rules import CASES as JOBS_CASES  # teams, jobs, webhooks
     from tests.policies.test_monitoring_rules import CASES as MONITORING_CASES  # changes to the config
     from tests.policies.test_platform import CASES as PLATFORM_CASES  # the in-cluster layer's own cases
     from tests.policies.test_wiring import CASES as WIRING_CASES  # one fact changed in one layer
 
     cased = {c[2] for c in PLATFORM_CASES} | {c[2] for c in MONITORING_CASES} | {c[4] for c in WIRING_CASES}
+    cased |= {c[2] for c in JOBS_CASES}
     assert set(BY_RULE) | cased | {
         "network-peering-group-ip-limit",
         "wiring-etcd-urls",

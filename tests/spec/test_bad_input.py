@@ -71,6 +71,27 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("share-as-word", {"health_max_cordoned_share": "some"}, "superkube:health_max_cordoned_share", "number"),
     ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
     (
+        "two-teams-one-pool-one-priority",
+        {
+            "teams": "- {selector: {superkube.io/pool: gpu}, team: a}\n- {selector: {superkube.io/pool: gpu}, team: b}\n"
+        },
+        "superkube:teams[1]",
+        "same priority",
+    ),
+    (
+        "team-not-a-label",
+        {"teams": "- {selector: {superkube.io/pool: gpu}, team: Research}\n"},
+        "superkube:teams[0].team",
+        "DNS label",
+    ),
+    (
+        "team-without-selector",
+        {"teams": "- {selector: {}, team: research}\n"},
+        "superkube:teams[0].selector",
+        "at least 1",
+    ),
+    ("teams-as-mapping", {"teams": "research: gpu\n"}, "superkube:teams", "YAML list"),
+    (
         "unknown-pool-key",
         {"node_pools": pools(gpu_count=8)},
         "superkube:node_pools[0].gpu_count",

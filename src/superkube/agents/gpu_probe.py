@@ -113,6 +113,92 @@ def load_reading(path: Path) -> Reading:
     return parse_reading(data, str(path))
 
 
+# dcgm-exporter's fields (its default counters, or the ECC and retirement ones a counters file adds)
+# and where each lands in a reading; samples carry the GPU's index in the label `gpu`.
+DCGM_XID = "DCGM_FI_DEV_XID_ERRORS"  # gauge: the last Xid the GPU reported (0: none)
+DCGM_ECC = {
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "volatile_single_bit",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "volatile_double_bit",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "aggregate_double_bit",
+}
+DCGM_RETIRED = ("DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE")
+DCGM_RETIRED_PENDING = "DCGM_FI_DEV_RETIRED_PENDING"
+DCGM_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+DCGM_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+
+
+def dcgm_samples(text: str, source: str = "dcgm-exporter") -> dict[int, dict[str, float]]:
+    """GPU index -> field -> value from a dcgm-exporter scrape (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[int, dict[str, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if not sample.name.startswith("DCGM_FI_") or "gpu" not in sample.labels:
+                    continue
+                try:
+                    index = int(sample.labels["gpu"])
+                except ValueError:
+                    raise ReadingError(
+                        f"{source}: {sample.name}: gpu label {sample.labels['gpu']!r} is not an index"
+                    ) from None
+                # the parser names a counter's samples <name>_total even when the exposition did not;
+                # DCGM's own names end in upper-case _TOTAL, which this leaves alone
+                out.setdefault(index, {})[sample.name.removesuffix("_total")] = float(sample.value)
+    except ValueError as exc:  # the parser's own errors
+        if isinstance(exc, ReadingError):
+            raise
+        raise ReadingError(f"{source}: not Prometheus text format ({str(exc).splitlines()[0]})") from None
+    return out
+
+
+def merge_dcgm(reading: Reading, text: str, source: str = "dcgm-exporter") -> Reading:
+    """The reading with what dcgm-exporter adds: the Xid each GPU last reported (NVML keeps no Xid
+    state), and ECC, retired-page and row-remap counters where the exporter has them and they are
+    worse than NVML's. GPUs the reading lacks are not invented: NVML's count stays the truth."""
+    samples = dcgm_samples(text, source)
+    gpus = []
+    for gpu in reading.gpus:
+        got = samples.get(gpu.index, {})
+        xids = list(gpu.xid_errors)
+        last = int(got.get(DCGM_XID, 0))
+        if last and last not in xids:
+            xids.append(last)
+        ecc = gpu.ecc.model_copy(
+            update={
+                field: max(getattr(gpu.ecc, field), int(got[name]))
+                for name, field in DCGM_ECC.items()
+                if name in got
+            }
+        )
+        retired = gpu.retired_pages
+        if any(name in got for name in DCGM_RETIRED) or DCGM_RETIRED_PENDING in got:
+            retired = RetiredPages(
+                total=max(retired.total, int(sum(got.get(name, 0) for name in DCGM_RETIRED))),
+                pending=retired.pending or got.get(DCGM_RETIRED_PENDING, 0) > 0,
+            )
+        remapped = RemappedRows(
+            pending=gpu.remapped_rows.pending or got.get(DCGM_REMAP_PENDING, 0) > 0,
+            failure=gpu.remapped_rows.failure or got.get(DCGM_REMAP_FAILURE, 0) > 0,
+        )
+        gpus.append(
+            gpu.model_copy(
+                update={"xid_errors": xids, "ecc": ecc, "retired_pages": retired, "remapped_rows": remapped}
+            )
+        )
+    return reading.model_copy(update={"gpus": gpus})
+
+
+def read_dcgm(url: str, timeout: float = 5) -> str:
+    """One scrape of the node's dcgm-exporter."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
 @cache
 def thresholds(path: Path = THRESHOLDS) -> Thresholds:
     try:

@@ -95,8 +95,16 @@ class Kube:
     def node(self, name: str) -> dict[str, Any]:
         return self._plain(self.core.read_node(name, _request_timeout=10))
 
+    # Node lists pass resourceVersion "0": the API server answers from its watch cache instead of a
+    # quorum read of etcd. Slightly stale is fine for what they feed: the team reconciler's patches
+    # `test` the taints they read, and the health agent's breaker counts cordoned nodes.
+    def all_nodes(self) -> list[dict[str, Any]]:
+        return [self._plain(n) for n in self.core.list_node(resource_version="0", _request_timeout=60).items]
+
     def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
-        items = self.core.list_node(label_selector=f"{POOL_LABEL}={pool}", _request_timeout=30).items
+        items = self.core.list_node(
+            label_selector=f"{POOL_LABEL}={pool}", resource_version="0", _request_timeout=30
+        ).items
         return [self._plain(n) for n in items]
 
     def pods_on(self, node: str) -> list[dict[str, Any]]:
@@ -159,28 +167,39 @@ def serve(
 
 
 def probe_of(
-    node: str, vm_size: str, expected_gpus: int, reading: Path | None, thresholds: Any
+    node: str,
+    vm_size: str,
+    expected_gpus: int,
+    reading: Path | None,
+    thresholds: Any,
+    dcgm_url: str = "",
+    log: logging.Logger | None = None,
 ) -> Callable[[], Any]:
-    """The node's probe: NVML, or a saved reading (tests, incidents), judged by `thresholds`."""
+    """The node's probe: NVML, or a saved reading (tests, incidents), with what the node's
+    dcgm-exporter adds when `dcgm_url` is set, judged by `thresholds`. An exporter that cannot be
+    read costs one log line and the reading goes on without it: it adds signals, never gates them."""
     from superkube.agents import gpu_probe
 
     def probe() -> gpu_probe.Verdict:
-        if reading is not None:
-            return gpu_probe.verdict(gpu_probe.load_reading(reading), thresholds)
-        return gpu_probe.verdict(gpu_probe.read_nvml(node, vm_size, expected_gpus), thresholds)
+        got = (
+            gpu_probe.load_reading(reading)
+            if reading is not None
+            else gpu_probe.read_nvml(node, vm_size, expected_gpus)
+        )
+        if dcgm_url:
+            try:
+                got = gpu_probe.merge_dcgm(got, gpu_probe.read_dcgm(dcgm_url), dcgm_url)
+            except (OSError, gpu_probe.ReadingError) as e:
+                (log or logging.getLogger(__name__)).warning("dcgm-exporter not read (%s); NVML only", e)
+        return gpu_probe.verdict(got, thresholds)
 
     return probe
 
 
-def agent_parser(prog: str, description: str, metrics_port: int) -> argparse.ArgumentParser:
-    """The options every node agent takes (each adds its own)."""
+def base_parser(prog: str, description: str, metrics_port: int, interval: float) -> argparse.ArgumentParser:
+    """The options every agent that talks to the API server takes: its rounds, its metrics, its client."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
-    p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""))
-    p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS", "0") or 0))
-    p.add_argument("--reading", type=Path, help="a saved probe reading instead of NVML (tests, incidents)")
-    p.add_argument("--thresholds", type=Path, default=None, help="default: data/gpu_health.yaml")
-    p.add_argument("--interval", type=float, default=60.0, help="seconds between rounds")
+    p.add_argument("--interval", type=float, default=interval, help="seconds between rounds")
     p.add_argument("--max-backoff", type=float, default=600.0)
     p.add_argument("--metrics-port", type=int, default=metrics_port)
     p.add_argument("--metrics-address", default="0.0.0.0")
@@ -188,6 +207,41 @@ def agent_parser(prog: str, description: str, metrics_port: int) -> argparse.Arg
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (tests)")
     return p
+
+
+def agent_parser(prog: str, description: str, metrics_port: int) -> argparse.ArgumentParser:
+    """The options every node agent takes (each adds its own)."""
+    p = base_parser(prog, description, metrics_port, interval=60.0)
+    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="this node's name (env NODE_NAME)")
+    p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""))
+    p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS", "0") or 0))
+    p.add_argument("--reading", type=Path, help="a saved probe reading instead of NVML (tests, incidents)")
+    p.add_argument("--thresholds", type=Path, default=None, help="default: data/gpu_health.yaml")
+    p.add_argument(
+        "--dcgm-url",
+        default=os.environ.get("DCGM_URL", ""),
+        help="the node's dcgm-exporter /metrics, whose Xid and error counters join NVML's (env DCGM_URL)",
+    )
+    return p
+
+
+def log_to_stderr(component: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format=f"{component} %(levelname)s %(message)s", stream=sys.stderr
+    )
+
+
+def connect(component: str, args: argparse.Namespace, registry: Any) -> Kube | None:
+    """Serve the agent's metrics, then load its client; None (after one line on stderr) when the
+    client's config cannot be loaded."""
+    from prometheus_client import start_http_server
+
+    start_http_server(args.metrics_port, addr=args.metrics_address, registry=registry)
+    try:
+        return Kube(args.kubeconfig)
+    except Exception as e:  # a config the client cannot load
+        print(f"{component}: cannot load the Kubernetes client's config: {e}", file=sys.stderr)
+        return None
 
 
 def check_agent_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -206,24 +260,17 @@ def run_agent(
 ) -> int:
     """Start an agent: its thresholds, its probe, its metrics server, the client, then its rounds.
     A bad thresholds file or reading, or a client config that cannot load, is one line and exit 2."""
-    from prometheus_client import start_http_server
-
     from superkube.agents import gpu_probe
 
-    logging.basicConfig(
-        level=logging.INFO, format=f"{component} %(levelname)s %(message)s", stream=sys.stderr
-    )
+    log_to_stderr(component)
     try:
         limits = gpu_probe.thresholds(args.thresholds or gpu_probe.THRESHOLDS)
     except gpu_probe.ReadingError as e:
         print(f"{component}: {e}", file=sys.stderr)
         return 2
-    probe = probe_of(args.node, args.vm_size, args.expected_gpus, args.reading, limits)
-    start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
-    try:
-        kube = Kube(args.kubeconfig)
-    except Exception as e:  # a config the client cannot load
-        print(f"{component}: cannot load the Kubernetes client's config: {e}", file=sys.stderr)
+    probe = probe_of(args.node, args.vm_size, args.expected_gpus, args.reading, limits, args.dcgm_url, log)
+    kube = connect(component, args, metrics.registry)
+    if kube is None:
         return 2
     try:
         serve(make_round(probe, kube), metrics.api_up, log, args.interval, args.max_backoff, args.rounds)

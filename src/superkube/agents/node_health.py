@@ -185,7 +185,7 @@ class Metrics:
         )
         self.cordoned = Gauge(
             "superkube_health_cordoned_nodes",
-            "Nodes of the pool cordoned by the health agent.",
+            "1 while this agent's node is cordoned by the health agent (sum by pool: the pool's count).",
             ["pool"],
             registry=r,
         )
@@ -209,16 +209,19 @@ class Agent:
         verdict = self.probe()
         self.metrics.checks.labels(verdict.level).inc()
         node = self.kube.node(self.node)
-        pool = self.kube.pool_nodes(self.pool)
+        # The pool is read only when this round may cordon (a fatal verdict on a node past preflight
+        # that is not cordoned yet): every agent listing its whole pool every round would be
+        # thousands of whole-pool lists a minute for the API servers at 7,500 nodes.
+        may_cordon = verdict.level == "fatal" and not in_preflight(node) and not cordoned_by_us(node)
+        pool = self.kube.pool_nodes(self.pool) if may_cordon else []
         pods = self.kube.pods_on(self.node) if verdict.level == "fatal" else []
         decision = decide(verdict, node, pool, pods, self.max_cordoned_share, self.warned)
         self.metrics.api_up.set(1)
         self.metrics.breaker.labels(self.pool).set(1 if decision.breaker_open else 0)
         self.act(node, decision)
-        cordoned = sum(1 for n in pool if cordoned_by_us(n) and not in_preflight(n))
-        if decision.cordon and not self.dry_run:
-            cordoned += 1
-        self.metrics.cordoned.labels(self.pool).set(cordoned)
+        # this node only: summed by pool, the agents' gauges count the pool's cordoned nodes once each
+        mine = cordoned_by_us(node) or bool(decision.cordon and not self.dry_run)
+        self.metrics.cordoned.labels(self.pool).set(1 if mine else 0)
         if verdict.level == "warning":
             self.warned = _summary(verdict, "warning")
         return decision

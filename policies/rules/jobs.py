@@ -1,0 +1,107 @@
+"""Jobs and teams: team capacity that says whose each node is, MPIJobs that run as one gang, and
+admission webhooks that can never stand between a system pod and its node."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import yaml
+
+from policies.rules.platform import _dig, _kind, _name, _objects
+from superkube import jobs, teams
+from superkube.checks import Finding, Rule, RuleConfig, StackView
+from superkube.kube import NAMESPACE_NAME_LABEL
+
+SYSTEM_NAMESPACE = "kube-system"
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+
+def _team_configs(view: StackView) -> Iterator[tuple[Any, str, Any]]:
+    """(resource, key, loaded tuples) of every ConfigMap that carries a teams file."""
+    for r in _objects(view):
+        if _kind(r) != "ConfigMap":
+            continue
+        data = r.props.get("data") or {}
+        if isinstance(data, Mapping) and teams.CONFIG_FILE in data:
+            yield r, teams.CONFIG_FILE, data[teams.CONFIG_FILE]
+
+
+def _teams_no_overlap(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for r, key, text in _team_configs(view):
+        try:
+            tuples = teams.parse(yaml.safe_load(str(text)), f"{_name(r)}:{key}")
+        except (yaml.YAMLError, teams.TeamsError) as e:
+            yield Finding(f"{_name(r)}: the teams file cannot be read: {str(e).splitlines()[0]}", r.urn)
+            continue
+        for i, j in teams.conflicts(tuples):
+            a, b = tuples[i], tuples[j]
+            yield Finding(
+                f"{_name(r)}: tuple {i} ({a.team}, {a.selector}) and tuple {j} ({b.team}, {b.selector}) can "
+                "select the same nodes; priority then decides silently which team loses them",
+                r.urn,
+            )
+
+
+def _mpijob_pod_group(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for r in _objects(view):
+        if _kind(r) != "MPIJob":
+            continue
+        obj = {"metadata": r.props.get("metadata") or {}, "spec": r.props.get("spec") or {}}
+        for problem in jobs.pod_group_problems(obj):
+            yield Finding(f"MPIJob {_name(r)}: {problem}", r.urn)
+
+
+def excludes_kube_system(selector: Any) -> bool:
+    """True when a namespaceSelector can never select kube-system (by its immutable name label)."""
+    if not isinstance(selector, Mapping):
+        return False
+    labels = selector.get("matchLabels") or {}
+    if NAMESPACE_NAME_LABEL in labels:
+        return labels[NAMESPACE_NAME_LABEL] != SYSTEM_NAMESPACE
+    for expr in selector.get("matchExpressions") or []:
+        if not isinstance(expr, Mapping) or expr.get("key") != NAMESPACE_NAME_LABEL:
+            continue
+        values = list(expr.get("values") or [])
+        if expr.get("operator") == "NotIn" and SYSTEM_NAMESPACE in values:
+            return True
+        if expr.get("operator") == "In" and SYSTEM_NAMESPACE not in values:
+            return True
+    return False
+
+
+def _webhooks_exclude_system(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for r in _objects(view):
+        if _kind(r) not in WEBHOOK_KINDS:
+            continue
+        for hook in r.props.get("webhooks") or []:
+            if not excludes_kube_system(_dig(hook, "namespaceSelector")):
+                yield Finding(
+                    f"{_kind(r)} {_name(r)}: webhook {hook.get('name')} can be called for {SYSTEM_NAMESPACE} pods",
+                    r.urn,
+                )
+
+
+RULES = [
+    Rule(
+        "platform-teams-no-overlap",
+        "high",
+        "No two teams' capacity tuples can select the same nodes, unless one of them is the borrowable team any.",
+        "Make the selectors disjoint (a label value only one team's nodes carry), or mark the shared nodes any.",
+        _teams_no_overlap,
+    ),
+    Rule(
+        "platform-mpijob-pod-group",
+        "high",
+        "Every MPIJob's launcher and worker templates carry the pod-group label naming the job, and minAvailable covers launcher + workers.",
+        "Render jobs with `superkube job render`, or add scheduling.x-k8s.io/pod-group: <job name> to each template's labels.",
+        _mpijob_pod_group,
+    ),
+    Rule(
+        "platform-webhook-excludes-kube-system",
+        "critical",
+        "Every admission webhook's namespaceSelector leaves kube-system out, so a webhook outage never blocks a system pod.",
+        "Add {key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, ...]} to the webhook's namespaceSelector.",
+        _webhooks_exclude_system,
+    ),
+]

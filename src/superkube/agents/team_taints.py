@@ -1,0 +1,179 @@
+"""Team taints: keeps every node's `superkube.io/team` taint equal to the team capacity configuration.
+
+Each round it reads the tuples (the mounted ConfigMap, reread every round so an applied change takes
+effect without a restart), lists the nodes, and for each node whose team taint differs from the one
+its labels call for (the highest-priority matching tuple's team; none when no tuple matches) sends
+one JSON patch: a `test` of the taints it read, then the taints with only the team taint changed.
+Every other taint is left exactly as it was; a node already right gets no request at all, so a
+second round with nothing changed writes nothing. Each change is logged and recorded as an Event
+on the node; with --dry-run it is logged only.
+
+Metrics on port 9467: `superkube_team_taint_changes_total{action}` (add, change, remove),
+`superkube_team_nodes{team}` (nodes per team after the round), `superkube_team_taints_api_up`,
+`superkube_team_config_ok` (0 while the configuration cannot be read: the agent then changes nothing).
+
+Run: python -m superkube.agents.team_taints --config /etc/superkube/teams/teams.yaml
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections import Counter as Tally
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from superkube import teams
+from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, serve
+from superkube.kube import TEAM_TAINTS_METRICS_PORT
+
+COMPONENT = "superkube-team-taints"
+log = logging.getLogger(COMPONENT)
+
+
+def current(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def desired_taints(node: Mapping[str, Any], team: str | None) -> list[dict[str, Any]]:
+    """The node's taints with the taint of `team` (its owner; None: no team) in place of any team
+    taint it has, every other taint untouched."""
+    taints = current(node)
+    kept = [t for t in taints if t.get("key") != teams.TEAM_KEY]
+    if team is None:
+        return kept
+    want = teams.taint(team)
+    out: list[dict[str, Any]] = []
+    placed = False
+    for t in taints:  # the team taint keeps its place; any second one goes
+        if t.get("key") != teams.TEAM_KEY:
+            out.append(t)
+        elif not placed:
+            out.append(want)
+            placed = True
+    return out if placed else [*kept, want]
+
+
+def action(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> str | None:
+    """add, change or remove: what happened to the team taint (None: nothing)."""
+    had = [t for t in old if t.get("key") == teams.TEAM_KEY]
+    has = [t for t in new if t.get("key") == teams.TEAM_KEY]
+    if had == has:
+        return None
+    if not had:
+        return "add"
+    return "remove" if not has else "change"
+
+
+def patch(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`test` the taints as read, then replace them: a node changed since it was read is not overwritten."""
+    return [
+        {"op": "test", "path": "/spec/taints", "value": old},
+        {"op": "replace", "path": "/spec/taints", "value": new},
+    ]
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.changes = Counter(
+            "superkube_team_taint_changes",
+            "Team taints added, changed or removed.",
+            ["action"],
+            registry=self.registry,
+        )
+        self.nodes = Gauge(
+            "superkube_team_nodes", "Nodes per team after the last round.", ["team"], registry=self.registry
+        )
+        self.api_up = Gauge(
+            "superkube_team_taints_api_up",
+            "1 when the last round reached the API server.",
+            registry=self.registry,
+        )
+        self.config_ok = Gauge(
+            "superkube_team_config_ok",
+            "1 when the teams configuration could be read and applied.",
+            registry=self.registry,
+        )
+
+
+@dataclass
+class Reconciler:
+    config: Path
+    kube: Any  # Kube, or anything with its methods
+    dry_run: bool = False
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def round(self) -> dict[str, int]:
+        """One pass over every node; returns the changes made (or, dry-run, that would be) by action."""
+        try:
+            tuples = teams.load_file(self.config)
+        except teams.TeamsError as e:
+            self.metrics.config_ok.set(0)
+            log.error("%s; changing nothing until it is fixed", e)
+            return {}
+        self.metrics.config_ok.set(1)
+        nodes = self.kube.all_nodes()
+        self.metrics.api_up.set(1)
+        done: Tally[str] = Tally()
+        owners: Tally[str] = Tally()
+        for node in nodes:
+            name = node["metadata"]["name"]
+            owner = teams.owner(tuples, (node.get("metadata") or {}).get("labels") or {})
+            owners[owner or "none"] += 1
+            old, new = current(node), desired_taints(node, owner)
+            what = action(old, new)
+            if what is None:
+                continue
+            done[what] += 1
+            message = f"team taint {what}: {_taint_of(old)} -> {_taint_of(new)}"
+            if self.dry_run:
+                log.warning("dry-run: would %s the team taint of %s (%s)", what, name, message)
+                continue
+            log.warning("%s: %s", name, message)
+            self.kube.patch_node(name, patch(old, new))
+            self.metrics.changes.labels(what).inc()
+            self.kube.create_event(event(node, COMPONENT, "Normal", "TeamTaint", message, now()))
+        self.metrics.nodes.clear()
+        for team, count in owners.items():
+            self.metrics.nodes.labels(team).set(count)
+        return dict(done)
+
+
+def _taint_of(taints: Sequence[Mapping[str, Any]]) -> str:
+    mine = [t for t in taints if t.get("key") == teams.TEAM_KEY]
+    return ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in mine) or "none"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = base_parser("team_taints", (__doc__ or "").splitlines()[0], TEAM_TAINTS_METRICS_PORT, interval=30.0)
+    p.add_argument("--config", type=Path, required=True, help="the teams file (the mounted ConfigMap)")
+    args = p.parse_args(argv)
+    log_to_stderr(COMPONENT)
+    try:
+        teams.load_file(args.config)  # a bad file at start is the operator's mistake: say so and stop
+    except teams.TeamsError as e:
+        print(f"{COMPONENT}: {e}", file=sys.stderr)
+        return 2
+    metrics = Metrics()
+    kube = connect(COMPONENT, args, metrics.registry)
+    if kube is None:
+        return 2
+    reconciler = Reconciler(args.config, kube, args.dry_run, metrics)
+
+    def one_round() -> bool:
+        reconciler.round()
+        return False
+
+    serve(one_round, metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

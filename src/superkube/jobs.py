@@ -1,0 +1,269 @@
+"""A user's short job description -> an MPIJob that runs as one gang on whole GPU nodes.
+
+    name: allreduce
+    image: registry.example.com/team/trainer:1.4.2
+    command: [mpirun, python, train.py]
+    workers: 4
+    team: research
+
+becomes a `kubeflow.org/v2beta1` MPIJob whose workers each request a whole node of the GPU pool
+(all its GPUs, and its CPU and memory less the node agents' share), carry the team's label and
+toleration (the webhook would add the same), and whose launcher and workers carry the pod-group
+label; `runPolicy.schedulingPolicy.minAvailable` = launcher + workers, so the MPI Operator's
+PodGroup makes Coscheduling place all of them or none. The result is checked against the MPIJob
+CRD schema (data/crds) and each pod template against the official pod schema of the cluster's
+version. A job that can never fit fails with one line.
+
+The launcher is created at startup (launcherCreationPolicy AtStartup): with WaitForWorkersReady
+the launcher, a member of the gang, would wait for workers that themselves wait at Permit for the
+whole gang, launcher included, and the job would never start.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from superkube import gang, teams, vmsizes
+from superkube.cloudinit import POOL_LABEL
+from superkube.kube import GPU_RESOURCE
+from superkube.spec import ClusterSpec, NodePool
+
+_NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+class JobError(ValueError):
+    """A job that cannot be rendered or can never run: one line saying what, where and how to fix it."""
+
+
+class JobSpec(BaseModel):
+    """The short description of one MPI job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    name: str = Field(description="Job name (a DNS label of at most 40 characters; pods add suffixes).")
+    namespace: str = Field(default="default", description="Namespace the MPIJob is created in.")
+    image: str = Field(
+        description="Container image of the launcher and the workers, pinned by tag or digest."
+    )
+    command: list[str] = Field(min_length=1, description="The launcher's command (usually mpirun ...).")
+    worker_command: list[str] = Field(
+        default=["/usr/sbin/sshd", "-De"], min_length=1, description="The workers' command (an SSH server)."
+    )
+    workers: int = Field(ge=1, le=100_000, description="Worker pods, one per GPU node.")
+    gpus_per_worker: int | None = Field(
+        default=None, ge=1, description="MPI ranks per worker, one per GPU (default: every GPU of the node)."
+    )
+    team: str = Field(description="The team the job runs as (its pods' superkube.io/team label).")
+    borrow: bool = Field(default=False, description="Also run on capacity marked any.")
+    pool: str | None = Field(default=None, description="GPU pool (default: the stack's only GPU pool).")
+    mpi_implementation: Literal["OpenMPI", "Intel", "MPICH"] = "OpenMPI"
+    schedule_timeout_seconds: int = Field(
+        default=600, ge=1, description="How long the gang may wait to be placed before it is tried again."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment of every container.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(
+                f"{v!r} is not a job name; use 1-40 characters a-z, 0-9 and '-', starting with a letter"
+            )
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        tag = v.rsplit("/", 1)[-1]
+        if "@sha256:" not in v and (":" not in tag or tag.endswith(":latest")):
+            raise ValueError(f"{v!r} is not pinned; write image:version or image@sha256:<digest>")
+        return v
+
+
+def load(path: Path) -> JobSpec:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise JobError(f"{path}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise JobError(f"{path}: not YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise JobError(f"{path}: must be a YAML mapping of name, image, command, workers, team, ...")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key; use one of: {', '.join(JobSpec.model_fields)}"
+        elif err["type"] == "missing":
+            msg = "is required"
+        raise JobError(f"{path}: {loc}: {msg}") from None
+
+
+def _pool(job: JobSpec, spec: ClusterSpec) -> NodePool:
+    gpu_pools = [p for p in spec.node_pools if p.role == "gpu"]
+    if job.pool is None:
+        if len(gpu_pools) != 1:
+            raise JobError(
+                f"job {job.name}: the stack has GPU pools {[p.name for p in gpu_pools]}; name one as pool:"
+            )
+        return gpu_pools[0]
+    for p in spec.node_pools:
+        if p.name == job.pool:
+            if p.role != "gpu":
+                raise JobError(
+                    f"job {job.name}: pool {p.name} has no GPUs; use a GPU pool: {[q.name for q in gpu_pools]}"
+                )
+            return p
+    raise JobError(
+        f"job {job.name}: no pool {job.pool!r} in the stack; use one of {[p.name for p in gpu_pools]}"
+    )
+
+
+def _fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, vm: vmsizes.VmSize) -> None:
+    if job.gpus_per_worker is not None and job.gpus_per_worker > vm.gpus:
+        raise JobError(
+            f"job {job.name}: {job.gpus_per_worker} GPUs per worker, but a {vm.name} node of pool {pool.name} "
+            f"has {vm.gpus}; use at most {vm.gpus} per worker and more workers"
+        )
+    if job.workers > pool.nodes:
+        raise JobError(
+            f"job {job.name}: {job.workers} workers, but pool {pool.name} holds at most {pool.nodes} nodes "
+            "(one worker per node); use fewer workers or raise the pool's nodes"
+        )
+    named = {t.team for t in spec.teams} - {teams.ANY}
+    if spec.teams and job.team not in named:
+        raise JobError(
+            f"job {job.name}: team {job.team!r} is not in the stack's teams ({', '.join(sorted(named))}); "
+            "use one of them or add the team's tuples to superkube:teams"
+        )
+
+
+def _container(name: str, job: JobSpec, command: list[str], resources: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": name, "image": job.image, "command": command, "resources": resources}
+    if job.env:
+        container["env"] = [{"name": k, "value": v} for k, v in sorted(job.env.items())]
+    return container
+
+
+def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
+    """The MPIJob of a job description on this stack, or a JobError saying why it can never run."""
+    pool = _pool(job, spec)
+    vm = vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")
+    _fits(job, spec, pool, vm)
+    whole_node = vmsizes.fill_one_node(vm)
+    labels = {teams.TEAM_KEY: job.team, gang.POD_GROUP_LABEL: job.name}
+    if job.borrow:
+        labels[teams.BORROW_LABEL] = "true"
+    tolerations = teams.tolerations_for(job.team, job.borrow)
+    cpu_pools = [p for p in spec.node_pools if p.role == "cpu"]
+    launcher_spec: dict[str, Any] = {
+        "containers": [
+            _container(
+                "launcher",
+                job,
+                job.command,
+                {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+            )
+        ],
+        "tolerations": tolerations,
+    }
+    if cpu_pools:  # the launcher needs no GPU: keep it off the GPU nodes
+        launcher_spec["nodeSelector"] = {POOL_LABEL: cpu_pools[0].name}
+    worker_spec = {
+        "containers": [
+            _container(
+                "worker",
+                job,
+                job.worker_command,
+                {
+                    "requests": dict(whole_node),
+                    "limits": {"memory": whole_node["memory"], GPU_RESOURCE: str(vm.gpus)},
+                },
+            )
+        ],
+        "nodeSelector": {POOL_LABEL: pool.name},
+        "tolerations": tolerations,
+    }
+    return {
+        "apiVersion": gang.MPIJOB_API,
+        "kind": "MPIJob",
+        "metadata": {"name": job.name, "namespace": job.namespace, "labels": {teams.TEAM_KEY: job.team}},
+        "spec": {
+            "slotsPerWorker": job.gpus_per_worker or vm.gpus,
+            "runLauncherAsWorker": False,
+            "launcherCreationPolicy": "AtStartup",
+            "mpiImplementation": job.mpi_implementation,
+            "runPolicy": {
+                "cleanPodPolicy": "Running",
+                "backoffLimit": 0,
+                "schedulingPolicy": {
+                    "minAvailable": job.workers + 1,
+                    "scheduleTimeoutSeconds": job.schedule_timeout_seconds,
+                },
+            },
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": "OnFailure",
+                    "template": {"metadata": {"labels": dict(labels)}, "spec": launcher_spec},
+                },
+                "Worker": {
+                    "replicas": job.workers,
+                    "restartPolicy": "Never",
+                    "template": {"metadata": {"labels": dict(labels)}, "spec": worker_spec},
+                },
+            },
+        },
+    }
+
+
+def pod_group_problems(mpijob: Mapping[str, Any]) -> list[str]:
+    """What keeps an MPIJob from running as one gang: a replica template without the pod-group label
+    naming the job, or a minAvailable short of launcher + workers."""
+    name = (mpijob.get("metadata") or {}).get("name", "")
+    spec = mpijob.get("spec") or {}
+    replicas = spec.get("mpiReplicaSpecs") or {}
+    out = []
+    for role in sorted(replicas):
+        template = (replicas[role] or {}).get("template") or {}
+        label = ((template.get("metadata") or {}).get("labels") or {}).get(gang.POD_GROUP_LABEL)
+        if label != name:
+            out.append(
+                f"{role} template: label {gang.POD_GROUP_LABEL} is {label!r}, not the job's name {name!r}"
+            )
+    members = sum(int((r or {}).get("replicas", 1)) for r in replicas.values())
+    wanted = ((spec.get("runPolicy") or {}).get("schedulingPolicy") or {}).get("minAvailable")
+    if wanted is not None and int(wanted) < members:
+        out.append(
+            f"runPolicy.schedulingPolicy.minAvailable {wanted} is below launcher + workers ({members})"
+        )
+    return out
+
+
+def problems(mpijob: dict[str, Any], kubernetes_version: str) -> list[str]:
+    """Schema problems of an MPIJob (its CRD's) and of each template (the official Pod schema)."""
+    from superkube import render as objects
+
+    out = [str(p) for p in objects.validate(mpijob, kubernetes_version, "job")]
+    for role, replica in sorted(((mpijob.get("spec") or {}).get("mpiReplicaSpecs") or {}).items()):
+        template = (replica or {}).get("template") or {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{mpijob['metadata']['name']}-{role.lower()}",
+                **(template.get("metadata") or {}),
+            },
+            "spec": template.get("spec") or {},
+        }
+        out += [f"{role} template: {p}" for p in objects.validate(pod, kubernetes_version, "job")]
+    return out + pod_group_problems(mpijob)

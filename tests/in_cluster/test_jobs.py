@@ -1,0 +1,188 @@
+"""Gang scheduling and MPI in the cluster: the CRDs kept as data, the scheduler-plugins controller at
+the scheduler's own release, the MPI Operator pointed at our scheduler's name; and `superkube job
+render`: examples become MPIJobs valid against the MPIJob CRD and the official pod schema, one gang
+of whole GPU nodes, and jobs that can never fit fail with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from superkube import gang, jobs, render, teams, vmsizes
+from superkube import plan as planning
+from superkube.cli import app
+from superkube.plan import Plan
+from tests.conftest import ROOT
+
+EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
+PODGROUP_SPEC_V1ALPHA1 = {"minMember", "minResources", "scheduleTimeoutSeconds"}
+PODGROUP_STATUS_V1ALPHA1 = {"phase", "occupiedBy", "running", "succeeded", "failed", "scheduleStartTime"}
+
+
+def of_kind(plan: Plan, kind: str, component: str = "gang-scheduling") -> list[dict[str, Any]]:
+    return [o for o in render.objects(plan).get(component, []) if o["kind"] == kind]
+
+
+def deployment(plan: Plan, name: str) -> dict[str, Any]:
+    (d,) = [d for d in of_kind(plan, "Deployment") if d["metadata"]["name"] == name]
+    return d
+
+
+def test_the_podgroup_crd_is_the_releases_api(dev_plan: Plan) -> None:
+    crds = {c["metadata"]["name"]: c for c in of_kind(dev_plan, "CustomResourceDefinition")}
+    assert set(crds) == {*gang.GANG_CRDS, *gang.MPI_CRDS}
+    (version,) = crds["podgroups.scheduling.x-k8s.io"]["spec"]["versions"]
+    assert (version["name"], version["storage"]) == ("v1alpha1", True)
+    schema = version["schema"]["openAPIV3Schema"]
+    assert set(schema["properties"]["spec"]["properties"]) == PODGROUP_SPEC_V1ALPHA1
+    assert set(schema["properties"]["status"]["properties"]) == PODGROUP_STATUS_V1ALPHA1
+    gang_ = {"apiVersion": gang.PODGROUP_API, "kind": "PodGroup", "metadata": {"name": "job"},
+             "spec": {"minMember": 65, "minResources": {"nvidia.com/gpu": 512}, "scheduleTimeoutSeconds": 300}}  # fmt: skip
+    assert render.validate(gang_, "1.35.0") == []
+    assert render.validate({**gang_, "spec": {"minMember": 0}}, "1.35.0")
+    assert render.validate({**gang_, "spec": {"minMembers": 2}}, "1.35.0")  # strict: a misspelt field
+
+
+def test_the_controller_runs_the_schedulers_own_release(dev_plan: Plan) -> None:
+    release = yaml.safe_load((gang.RELEASES / "release-1.35.yml").read_text())["kube_component_release"]
+    scheduler_tag = release["images"]["kube-scheduler"]["ref"].rsplit(":", 1)[1]
+    container = deployment(dev_plan, "scheduler-plugins-controller")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert container["image"] == f"registry.k8s.io/scheduler-plugins/controller:{scheduler_tag}"
+    # the scheduler's identity may read PodGroups
+    (binding,) = [
+        b
+        for b in of_kind(dev_plan, "ClusterRoleBinding")
+        if b["metadata"]["name"] == "superkube:gang-scheduler"
+    ]
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-scheduler"}
+    ]
+
+
+def test_the_mpi_operator_gangs_through_our_scheduler(dev_plan: Plan) -> None:
+    container = deployment(dev_plan, "mpi-operator")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"mpioperator/mpi-operator:{gang.MPI_OPERATOR_VERSION}"
+    flags = dict(a.removeprefix("--").partition("=")[::2] for a in container["args"])
+    # the value is the schedulerName it writes into pods: the gang scheduler's one profile
+    template = (ROOT / "playbooks/roles/gang_scheduler/templates/scheduler-config.yaml.j2").read_text()
+    assert f"schedulerName: {flags['gang-scheduling']}" in template
+    assert flags["lock-namespace"] == "superkube-system"
+    roles = {r["metadata"]["name"]: r for r in of_kind(dev_plan, "ClusterRole")}
+    operator = roles["mpi-operator"]["rules"]
+    assert any("podgroups" in r["resources"] and "create" in r["verbs"] for r in operator)
+    assert (
+        roles["superkube:mpijobs-edit"]["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"]
+        == "true"
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_each_example_renders_one_valid_gang_of_whole_nodes(path: Path) -> None:
+    stack = "flagship" if "flagship" in path.read_text() else "dev"
+    _, spec, _ = planning.load(ROOT, stack)
+    job = jobs.load(path)
+    mpijob = jobs.render(job, spec)
+    assert jobs.problems(mpijob, spec.kubernetes_version) == []
+    pool = next(p for p in spec.node_pools if p.role == "gpu")
+    vm = vmsizes.size(pool.vm_size, "test")
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    assert mpijob["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == job.workers + 1
+    assert replicas["Worker"]["replicas"] == job.workers and replicas["Launcher"]["replicas"] == 1
+    worker = replicas["Worker"]["template"]["spec"]
+    requests = worker["containers"][0]["resources"]["requests"]
+    assert requests["nvidia.com/gpu"] == str(vm.gpus)  # the whole node's GPUs
+    assert requests == vmsizes.fill_one_node(vm)
+    assert mpijob["spec"]["slotsPerWorker"] == (job.gpus_per_worker or vm.gpus)
+    for role in ("Launcher", "Worker"):
+        template = replicas[role]["template"]
+        assert template["metadata"]["labels"][gang.POD_GROUP_LABEL] == job.name
+        assert template["metadata"]["labels"][teams.TEAM_KEY] == job.team
+        assert template["spec"]["tolerations"] == teams.tolerations_for(job.team, job.borrow)
+    assert mpijob["spec"]["launcherCreationPolicy"] == "AtStartup"  # WaitForWorkersReady deadlocks a gang
+
+
+def test_the_mpijob_schema_is_strict_and_the_templates_are_pod_checked() -> None:
+    _, spec, _ = planning.load(ROOT, "dev")
+    mpijob = jobs.render(jobs.load(EXAMPLES[0]), spec)
+    bad = yaml.safe_load(yaml.safe_dump(mpijob))
+    bad["spec"]["slotsPerWorkr"] = 8
+    assert any("unknown field" in p for p in jobs.problems(bad, "1.35.0"))
+    bad = yaml.safe_load(yaml.safe_dump(mpijob))
+    bad["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["imagePullPolice"] = (
+        "Always"
+    )
+    assert any(p.startswith("Worker template:") for p in jobs.problems(bad, "1.35.0"))
+    bad = yaml.safe_load(yaml.safe_dump(mpijob))
+    bad["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["metadata"]["labels"].pop(gang.POD_GROUP_LABEL)
+    assert jobs.problems(bad, "1.35.0") == [
+        f"Launcher template: label {gang.POD_GROUP_LABEL} is None, not the job's name 'allreduce'"
+    ]
+    schema = render.crd_schemas()[(gang.MPIJOB_API, "MPIJob")]
+    jsonschema.validate(mpijob, schema)
+
+
+def job_file(tmp_path: Path, **change: Any) -> Path:
+    base = yaml.safe_load(EXAMPLES[0].read_text())
+    base.update(change)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {"gpus_per_worker": 16},
+            "16 GPUs per worker, but a Standard_ND96isr_H100_v5 node of pool gpu has 8",
+        ),
+        ({"workers": 5}, "5 workers, but pool gpu holds at most 4 nodes"),
+        ({"team": "reserch"}, "team 'reserch' is not in the stack's teams (research)"),
+        ({"pool": "cpu"}, "pool cpu has no GPUs"),
+        ({"pool": "h200"}, "no pool 'h200' in the stack"),
+        ({"image": "trainer:latest"}, "image: 'trainer:latest' is not pinned"),
+        ({"name": "All_Reduce"}, "name: 'All_Reduce' is not a job name"),
+        ({"gpus": 8}, "gpus: unknown key"),
+        ({"workers": 0}, "workers: Input should be greater than or equal to 1"),
+    ],
+    ids=[
+        "too many GPUs",
+        "too many workers",
+        "unknown team",
+        "cpu pool",
+        "no such pool",
+        "latest",
+        "name",
+        "unknown key",
+        "no workers",
+    ],
+)
+def test_a_job_that_can_never_run_is_one_line_and_exit_2(
+    tmp_path: Path, change: dict[str, Any], words: str
+) -> None:
+    result = CliRunner().invoke(
+        app, ["job", "render", str(job_file(tmp_path, **change)), "--stack", "dev", "--project", str(ROOT)]
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.output
+
+
+def test_the_cli_writes_the_mpijob(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["job", "render", str(EXAMPLES[0]), "--stack", "dev", "--project", str(ROOT)]
+    )
+    assert result.exit_code == 0, result.output
+    (doc,) = list(yaml.safe_load_all(result.output))
+    assert (doc["apiVersion"], doc["kind"], doc["metadata"]["name"]) == (
+        gang.MPIJOB_API,
+        "MPIJob",
+        "allreduce",
+    )
