@@ -248,12 +248,14 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
         str(tmp / "rootfs"),
         debian_mirror(),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for seen, line in enumerate(proc.stdout, 1):
-        if line.startswith("I: "):
-            progress(f"debootstrap: {line[3:].strip()[:60]}", min(0.9, 0.05 + seen / 1500))
-    if proc.wait() != 0:
+    # `with` closes the pipe: an open one left to the garbage collector is a ResourceWarning, which
+    # the tests treat as an error (seen only when the image is built, i.e. on a fresh machine)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for seen, line in enumerate(proc.stdout, 1):
+            if line.startswith("I: "):
+                progress(f"debootstrap: {line[3:].strip()[:60]}", min(0.9, 0.05 + seen / 1500))
+    if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise LabError("debootstrap failed; check the mirror (SUPERKUBE_LAB_MIRROR) and free disk space")
     root = tmp / "rootfs"

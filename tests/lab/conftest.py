@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator
 
 import pytest
@@ -78,3 +79,44 @@ def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
         out[labels["traffic"]] = float(m.group(2))
     assert "iptables_scrape_success 1.0" in text
     return out
+
+
+# A sink that reads one connection to its end, then answers with the bytes it read; the sender
+# returns only after that answer, so every byte has crossed the sender's node (iperf3 -n ends once
+# its bytes are in the socket, and the socket may never send the rest before the test ends).
+_SINK = """import socket
+s = socket.create_server(("0.0.0.0", {port}))
+c, _ = s.accept()
+n = 0
+while b := c.recv(1 << 16):
+    n += len(b)
+c.sendall(str(n).encode())
+c.close()"""
+_SEND = """import socket, time
+for _ in range(200):
+    try:
+        c = socket.create_connection(("{ip}", {port}), timeout=60)
+        break
+    except OSError:
+        time.sleep(0.05)
+c.sendall(bytes({size}))
+c.shutdown(socket.SHUT_WR)
+print(c.recv(64).decode())"""
+
+
+def deliver(
+    fleet_: lab.Lab,
+    sender: str,
+    receiver: str,
+    ip: str,
+    size: int,
+    pods: tuple[str, str] = ("", ""),
+    port: int = 7100,
+) -> int:
+    """Send `size` bytes over TCP from `sender` to `ip` on `receiver` (each inside its pod's network
+    namespace, if named) and return the count the receiver read, once it has read all of them."""
+    into = [f"ip netns exec {pod} " if pod else "" for pod in pods]
+    sink = shlex.quote(_SINK.format(port=port))
+    sh(fleet_, receiver, f"(timeout 120 {into[1]}python3 -c {sink} > /dev/null 2>&1 &)")
+    send = shlex.quote(_SEND.format(ip=ip, port=port, size=size))
+    return int(sh(fleet_, sender, f"{into[0]}python3 -c {send}", timeout=120).strip())
