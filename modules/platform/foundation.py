@@ -17,6 +17,7 @@ NAMESPACE = SYSTEM_NAMESPACE
 BALLOON_PRIORITY = "superkube-balloon"
 DEFAULT_PRIORITY = "superkube-default"
 NODE_AGENT_PRIORITY = "superkube-node-agent"
+GPU_TEST_PRIORITY = "superkube-gpu-test"
 CLUSTER_CRITICAL = "system-cluster-critical"
 """Kubernetes' built-in class for what the cluster cannot run without (controllers, webhooks)."""
 COMPONENT = "foundation"
@@ -77,6 +78,13 @@ def manifests(args: FoundationArgs) -> list[Manifest]:
             NODE_AGENT_PRIORITY,
             args.node_agent_priority,
             "superkube's node agents that are not system-node-critical (exporters, probes).",
+        ),
+        priority(
+            GPU_TEST_PRIORITY,
+            EXPENDABLE_CUTOFF - 1,
+            "Periodic GPU tests: run only on idle nodes. Below the autoscaler's expendable cutoff, so a "
+            "pending test never adds a node; never preempts; any real pod, balloons too, preempts it.",
+            preemptionPolicy="Never",
         ),
     ]
 

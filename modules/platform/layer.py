@@ -103,6 +103,9 @@ class InClusterLayer(pulumi.ComponentResource):
                 max_cordoned_share=spec.health_max_cordoned_share,
                 dry_run=spec.health_dry_run,
                 dcgm_url=spec.health_dcgm_exporter_url,
+                burn_seconds=spec.gpu_burn_seconds,
+                test_schedule=spec.gpu_test_schedule,
+                test_nodes=spec.gpu_test_nodes,
             ),
             opts=after,
         )

@@ -26,13 +26,14 @@ import pulumi
 
 from modules.common import require
 from modules.platform import objects
-from modules.platform.foundation import NAMESPACE, NODE_AGENT_PRIORITY
+from modules.platform.balloons import tolerations as pool_tolerations
+from modules.platform.foundation import GPU_TEST_PRIORITY, NAMESPACE, NODE_AGENT_PRIORITY
 from modules.platform.objects import Manifest
-from superkube.agents import AGENTS_IMAGE
+from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
 from superkube.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
-from superkube.kube import NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
+from superkube.kube import GPU_RESOURCE, NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
 from superkube.spec import PREFLIGHT_TAINT_KEY
 from superkube.spec import NodePool as PoolSpec
 from superkube.vmsizes import VmSize
@@ -42,8 +43,15 @@ HEALTH = "superkube-node-health"
 PREFLIGHT = "superkube-preflight"
 THRESHOLDS_NAME = "superkube-gpu-health"
 THRESHOLDS_DIR = "/etc/superkube"
+GPU_TEST = "superkube-gpu-test"
 FENCE = "superkube-preflight-own-node"
+GPU_TEST_FENCE = "superkube-gpu-test-own-node"
 Agent = Literal["health", "preflight"]
+Fenced = Literal["preflight", "gpu-test"]
+SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
+# a writable /tmp for the GPU tests under a read-only root (CUDA and PyTorch keep caches there)
+SCRATCH = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
+SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/tmp"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,9 +70,27 @@ class NodeHealthArgs:
     """The thresholds file the ConfigMap is made from."""
     dcgm_url: str = ""
     """The node's dcgm-exporter /metrics, read beside NVML (default: none); `$(NODE_IP)` is the node's address."""
+    gpu_tests_image: str = GPU_TESTS_IMAGE
+    """The image of preflight and the periodic test, which run the active check on CUDA (default: the
+    one built from Dockerfile.gputests, pinned)."""
+    burn_seconds: int = 60
+    """Seconds of the active check in preflight and each periodic test (default 60; 0: probe only)."""
+    test_schedule: str = "17 */6 * * *"
+    """Cron schedule of the periodic GPU tests (default every 6 hours; empty: none)."""
+    test_nodes: int = 8
+    """Idle nodes a periodic run tests per pool, at most (default 8)."""
+    test_deadline_seconds: int = 3600
+    """How long a periodic run waits for idle nodes before it gives up (default 1 hour)."""
 
     def __post_init__(self) -> None:
         require(0 < self.max_cordoned_share <= 1, "max_cordoned_share", "must be in (0, 1]")
+        require(self.burn_seconds >= 0, "burn_seconds", "must be 0 or more")
+        require(self.test_nodes >= 1, "test_nodes", "must be at least 1")
+        require(
+            self.test_deadline_seconds > self.burn_seconds + 60,
+            "test_deadline_seconds",
+            "must leave the burn and a minute of start-up inside the deadline",
+        )
         for pool, vm in self.pools:
             require(pool.role == "gpu" and vm.gpus > 0, "pools", f"{pool.name} is not a GPU pool")
 
@@ -82,14 +108,26 @@ RULES: dict[Agent, list[dict[str, object]]] = {
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ],
 }
+# the periodic test records its result on its own node, fenced in like preflight
+GPU_TEST_RULES: list[dict[str, object]] = RULES["preflight"]
 
 
 def _or_empty(path: str, empty: str) -> str:
     return f"(has({path}) ? {path} : {empty})"
 
 
-def fence_validations() -> list[dict[str, str]]:
-    """CEL over the node before (oldObject) and after (object) the preflight agent's change."""
+FENCES: dict[Fenced, tuple[str, str, str | None, str]] = {
+    # the policy's name, the service account, the taint and label it may remove, its annotation
+    "preflight": (FENCE, PREFLIGHT, PREFLIGHT_TAINT_KEY, RESULT_ANNOTATION),
+    "gpu-test": (GPU_TEST_FENCE, GPU_TEST, None, gpu_test.RESULT_ANNOTATION),
+}
+
+
+def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
+    """CEL over the node before (oldObject) and after (object) the agent's change: its own node, no
+    taint or label change but removing the one it may remove, no annotation but its own, no cordon."""
+    _, _, removable, result = FENCES[agent]
+    who = "the preflight agent" if agent == "preflight" else "the periodic GPU test"
     taints, old_taints = _or_empty("object.spec.taints", "[]"), _or_empty("oldObject.spec.taints", "[]")
     labels, old_labels = (
         _or_empty("object.metadata.labels", "{}"),
@@ -99,44 +137,48 @@ def fence_validations() -> list[dict[str, str]]:
         _or_empty("object.metadata.annotations", "{}"),
         _or_empty("oldObject.metadata.annotations", "{}"),
     )
-    key, result = PREFLIGHT_TAINT_KEY, RESULT_ANNOTATION
+    may_drop_taint = f"t.key == '{removable}' || " if removable else ""
+    may_drop_label = f"k == '{removable}' || " if removable else ""
+    taint_rule = f"may only remove the {removable} taint" if removable else "may not change taints"
+    label_rule = f"may only remove the {removable} label" if removable else "may not change labels"
     return [
         {
             "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
             "request.userInfo.extra['authentication.kubernetes.io/node-name'] == [object.metadata.name]",
-            "message": "the preflight agent may change only the node its pod runs on",
+            "message": f"{who} may change only the node its pod runs on",
         },
         {
             "expression": f"{taints}.all(t, t in {old_taints}) && "
-            f"{old_taints}.all(t, t.key == '{key}' || t in {taints})",
-            "message": f"the preflight agent may only remove the {key} taint",
+            f"{old_taints}.all(t, {may_drop_taint}t in {taints})",
+            "message": f"{who} {taint_rule}",
         },
         {
             "expression": f"{labels}.all(k, k in {old_labels} && {old_labels}[k] == {labels}[k]) && "
-            f"{old_labels}.all(k, k == '{key}' || k in {labels})",
-            "message": f"the preflight agent may only remove the {key} label",
+            f"{old_labels}.all(k, {may_drop_label}k in {labels})",
+            "message": f"{who} {label_rule}",
         },
         {
             "expression": f"{notes}.all(k, k == '{result}' || (k in {old_notes} && {old_notes}[k] == {notes}[k])) "
             f"&& {old_notes}.all(k, k in {notes})",
-            "message": f"the preflight agent may only set the {result} annotation",
+            "message": f"{who} may only set the {result} annotation",
         },
         {
             "expression": "(has(object.spec.unschedulable) && object.spec.unschedulable) == "
             "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)",
-            "message": "the preflight agent may not cordon or uncordon",
+            "message": f"{who} may not cordon or uncordon",
         },
     ]
 
 
-def fence() -> list[Manifest]:
-    """The ValidatingAdmissionPolicy and its binding: the preflight agent's node updates are denied
-    unless they keep to its own node, the preflight taint and label, and the result annotation."""
+def fence(agent: Fenced = "preflight") -> list[Manifest]:
+    """The ValidatingAdmissionPolicy and its binding: the agent's node updates are denied unless they
+    keep to fence_validations(agent)."""
+    name, account, _, _ = FENCES[agent]
     return [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy",
-            "metadata": objects.meta(FENCE, COMPONENT),
+            "metadata": objects.meta(name, COMPONENT),
             "spec": {
                 "failurePolicy": "Fail",
                 "matchConstraints": {
@@ -151,18 +193,18 @@ def fence() -> list[Manifest]:
                 },
                 "matchConditions": [
                     {
-                        "name": "the-preflight-agent",
-                        "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{PREFLIGHT}'",
+                        "name": f"the-{agent}-agent",
+                        "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{account}'",
                     }
                 ],
-                "validations": fence_validations(),
+                "validations": fence_validations(agent),
             },
         },
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": objects.meta(FENCE, COMPONENT),
-            "spec": {"policyName": FENCE, "validationActions": ["Deny"]},
+            "metadata": objects.meta(name, COMPONENT),
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
         },
     ]
 
@@ -183,19 +225,23 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
     selector = {POOL_LABEL: pool.name}
     if agent == "preflight":
         selector[PREFLIGHT_TAINT_KEY] = PREFLIGHT_PENDING  # the pod goes once the node has passed
+        # the active check too: nothing else runs behind the preflight taint, so it has the GPUs
+        flags.append(f"--burn-seconds={args.burn_seconds}")
     env = [
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        *_node_env(pool, vm),
         {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
         {"name": "NODE_POOL", "value": pool.name},
-        {"name": "VM_SIZE", "value": vm.name},
-        {"name": "EXPECTED_GPUS", "value": str(vm.gpus)},
-        # every GPU visible through the NVIDIA runtime, none requested: the probe only reads them
+        # every GPU visible through the NVIDIA runtime, none requested: the health agent only reads
+        # them (NVML); preflight also computes on them, behind the taint that keeps jobs away
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+        {
+            "name": "NVIDIA_DRIVER_CAPABILITIES",
+            "value": "utility" if agent == "health" else "compute,utility",
+        },
     ]
     container = {
         "name": "agent",
-        "image": args.image,
+        "image": args.image if agent == "health" else args.gpu_tests_image,
         "command": [
             "python",
             "-m",
@@ -210,7 +256,10 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
             "periodSeconds": 30,
             "failureThreshold": 4,
         },
-        "volumeMounts": [{"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True}],
+        "volumeMounts": [
+            {"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True},
+            *([SCRATCH_MOUNT] if agent == "preflight" else []),
+        ],
         "securityContext": objects.restricted(),
     }
     return {
@@ -231,8 +280,112 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
                     # on every node it selects: behind the preflight taint, cordoned, or tainted by its pool
                     "tolerations": [{"operator": "Exists"}],
                     "containers": [container],
-                    "volumes": [{"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}}],
+                    "volumes": [
+                        {"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}},
+                        *([SCRATCH] if agent == "preflight" else []),
+                    ],
                 },
+            },
+        },
+    }
+
+
+def _node_env(pool: PoolSpec, vm: VmSize) -> list[Manifest]:
+    return [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "VM_SIZE", "value": vm.name},
+        {"name": "EXPECTED_GPUS", "value": str(vm.gpus)},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+
+
+def periodic_test(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs) -> Manifest:
+    """The pool's periodic GPU test: a CronJob whose pods each take every GPU of one node.
+
+    - Only idle nodes: a pod requesting all of a node's GPUs fits only where none is in use.
+    - Never in the way: its class is below the autoscaler's expendable cutoff (a pending test never
+      adds a node; the pod-scale-up-delay beyond the deadline says the same to the autoscaler) and
+      never preempts, so it waits for idle nodes and any real pod preempts it.
+    - One node per pod (anti-affinity), at most `test_nodes` per run, each index on its own: a node
+      that fails is not retried and does not stop the others (backoffLimitPerIndex 0).
+    - Its pool's taints and any team's are tolerated, the preflight taint never: a node in preflight
+      is preflight's, and a cordoned node takes no pod at all.
+    """
+    name = f"{GPU_TEST}-{pool.name}"
+    labels = objects.labels(COMPONENT, name)
+    container = {
+        "name": "test",
+        "image": args.gpu_tests_image,
+        "command": [
+            "python",
+            "-m",
+            "superkube.agents.gpu_test",
+            f"--thresholds={THRESHOLDS_DIR}/{args.thresholds.name}",
+            f"--burn-seconds={args.burn_seconds}",
+            *([f"--dcgm-url={args.dcgm_url}"] if args.dcgm_url else []),
+        ],
+        "env": [
+            *_node_env(pool, vm),
+            {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+        ],
+        "resources": {
+            "requests": {"cpu": "2", "memory": "16Gi", GPU_RESOURCE: str(vm.gpus)},
+            "limits": {"memory": "16Gi", GPU_RESOURCE: str(vm.gpus)},
+        },
+        "volumeMounts": [
+            {"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True},
+            SCRATCH_MOUNT,
+        ],
+        "securityContext": objects.restricted(),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": objects.meta(name, COMPONENT, NAMESPACE),
+        "spec": {
+            "schedule": args.test_schedule,
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 600,
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                "spec": {
+                    "completionMode": "Indexed",
+                    "completions": args.test_nodes,
+                    "parallelism": args.test_nodes,
+                    "backoffLimitPerIndex": 0,
+                    "maxFailedIndexes": args.test_nodes,
+                    "activeDeadlineSeconds": args.test_deadline_seconds,
+                    "ttlSecondsAfterFinished": 86400,
+                    "template": {
+                        "metadata": {
+                            "labels": labels,
+                            "annotations": {SCALE_UP_DELAY: f"{2 * args.test_deadline_seconds}s"},
+                        },
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "serviceAccountName": GPU_TEST,
+                            "priorityClassName": GPU_TEST_PRIORITY,
+                            "nodeSelector": {POOL_LABEL: pool.name},
+                            "tolerations": pool_tolerations(pool),
+                            "affinity": {
+                                "podAntiAffinity": {
+                                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                                        {
+                                            "topologyKey": "kubernetes.io/hostname",
+                                            "labelSelector": {"matchLabels": labels},
+                                        }
+                                    ]
+                                }
+                            },
+                            "containers": [container],
+                            "volumes": [
+                                {"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}},
+                                SCRATCH,
+                            ],
+                        },
+                    },
+                }
             },
         },
     }
@@ -256,6 +409,15 @@ def manifests(args: NodeHealthArgs) -> list[Manifest]:
         *fence(),
         *(m for agent in agents for m in _access(agent)),
         *(daemonset(pool, vm, args, agent) for agent in agents for pool, vm in args.pools),
+        *(
+            [
+                *fence("gpu-test"),
+                *objects.service_account_access(GPU_TEST, COMPONENT, NAMESPACE, GPU_TEST_RULES),
+                *(periodic_test(pool, vm, args) for pool, vm in args.pools),
+            ]
+            if args.test_schedule
+            else []
+        ),
     ]
 
 
@@ -266,5 +428,10 @@ class NodeHealth(pulumi.ComponentResource):
         super().__init__("superkube:platform:NodeHealth", name, None, opts)
         self.resources = objects.create(self, name, manifests(args))
         self.register_outputs(
-            {"daemonsets": [f"{a}-{pool.name}" for a in (PREFLIGHT, HEALTH) for pool, _ in args.pools]}
+            {
+                "daemonsets": [f"{a}-{pool.name}" for a in (PREFLIGHT, HEALTH) for pool, _ in args.pools],
+                "periodic_tests": [f"{GPU_TEST}-{pool.name}" for pool, _ in args.pools]
+                if args.test_schedule
+                else [],
+            }
         )

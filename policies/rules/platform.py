@@ -97,6 +97,20 @@ def _priority_classes(view: StackView) -> dict[str, int]:
     return out
 
 
+def _idle_time_classes(view: StackView, cutoff: int) -> set[str]:
+    """PriorityClasses below the autoscaler's cutoff that never preempt: what they run waits for idle
+    nodes and anything preempts it, balloons too, so it is no real work balloons could stand in the
+    way of (the periodic GPU tests')."""
+    return {
+        str(_dig(r.props, "metadata", "name"))
+        for r in _objects(view)
+        if _kind(r) == "PriorityClass"
+        and isinstance(r.props.get("value"), int | float)
+        and r.props["value"] < cutoff
+        and r.props.get("preemptionPolicy") == "Never"
+    }
+
+
 def _autoscaler_args(view: StackView) -> tuple[PlanResource, list[str]] | None:
     for r, pod in _workloads(view):
         for c in _containers(pod):
@@ -120,7 +134,6 @@ def _balloons(view: StackView) -> Iterator[tuple[PlanResource, Mapping[str, Any]
 
 
 def _balloon_priority(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    classes = _priority_classes(view)
     found = _autoscaler_args(view)
     cutoff_text = _flag(found[1], "expendable-pods-priority-cutoff") if found else None
     cutoff = (
@@ -128,6 +141,7 @@ def _balloon_priority(view: StackView, config: RuleConfig) -> Iterator[Finding]:
         if cutoff_text and cutoff_text.lstrip("-").isdigit()
         else autoscaling.EXPENDABLE_CUTOFF
     )
+    classes = _priority_classes(view)
     for r, pod in _balloons(view):
         name = pod.get("priorityClassName")
         if name not in classes:
@@ -143,7 +157,8 @@ def _balloon_priority(view: StackView, config: RuleConfig) -> Iterator[Finding]:
                 "the autoscaler would neither add nor keep nodes for balloons",
                 r.urn,
             )
-        lower = {n: v for n, v in others.items() if v <= value}
+        idle = _idle_time_classes(view, cutoff)
+        lower = {n: v for n, v in others.items() if v <= value and n not in idle}
         if lower:
             yield Finding(
                 f"balloon priority {value} is not below every other PriorityClass ({', '.join(sorted(lower))}): "

@@ -404,6 +404,30 @@ class ClusterSpec(_Model):
             "empty: NVML only."
         ),
     )
+    gpu_burn_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds of the active GPU check (matrix-multiply burn, memory and PCIe bandwidth against the "
+            "GPU model's expected figures) in preflight and in each periodic test; 0: the probe only."
+        ),
+    )
+    gpu_test_schedule: str = Field(
+        default="17 */6 * * *",
+        pattern=r"^(|\S+ \S+ \S+ \S+ \S+)$",
+        description=(
+            "Cron schedule of the periodic GPU tests, a CronJob per GPU pool whose pods run only on nodes "
+            "with every GPU idle, never preempt and never make the autoscaler add nodes; empty: no "
+            "periodic tests."
+        ),
+    )
+    gpu_test_nodes: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="Idle nodes each periodic run tests per GPU pool, at most (one test pod per node).",
+    )
     teams: list[TeamTuple] = Field(
         default_factory=list,
         description=(
@@ -632,6 +656,7 @@ PATTERN_WORDS = {
     r"^1\.\d+\.\d+$": "write a Kubernetes version such as 1.35.0",
     r"^[a-z_][a-z0-9_-]{0,31}$": "write a Linux user name: lower-case letters, digits, '_' or '-', at most 32",
     r"^(https?://[^\s]+)?$": "write an http:// or https:// URL without spaces, e.g. http://vminsert:8480/insert/0/prometheus/api/v1/write",
+    r"^(|\S+ \S+ \S+ \S+ \S+)$": "write a cron schedule of five fields, e.g. '17 */6 * * *', or '' for none",
 }
 
 

@@ -51,7 +51,10 @@ def test_each_failure_kind_gets_its_verdict(name: str, level: str, reason: str |
 
 
 def test_every_reading_on_file_has_a_case() -> None:
-    assert {p.stem for p in READINGS.glob("*.json")} == {c[0] for c in CASES}
+    # the burn's readings have theirs in test_gpu_burn
+    assert {p.stem for p in READINGS.glob("*.json") if not p.stem.startswith("burn-")} == {
+        c[0] for c in CASES
+    }
 
 
 def test_the_worst_finding_decides() -> None:

@@ -244,14 +244,73 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
             for res in rule["resources"]
             for verb in rule["verbs"]
         }
-        for name in ("superkube-node-health", "superkube-preflight")
+        for name in ("superkube-node-health", "superkube-preflight", "superkube-gpu-test")
     }
     assert ("pods/eviction", "create") in granted["superkube-node-health"]
     assert not {v for r, v in granted["superkube-node-health"] if r == "pods"} - {"list"}
-    # the preflight agent patches nodes, fenced in by its admission policy, and nothing else
-    assert granted["superkube-preflight"] == {("nodes", "get"), ("nodes", "patch"), ("events", "create")}
-    (binding,) = of_kind(any_plan, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": "superkube-preflight-own-node", "validationActions": ["Deny"]}
+    # the preflight agent and the periodic test patch nodes, each fenced in by its admission policy,
+    # and nothing else
+    for agent in ("superkube-preflight", "superkube-gpu-test"):
+        assert granted[agent] == {("nodes", "get"), ("nodes", "patch"), ("events", "create")}
+    bindings = {
+        b["spec"]["policyName"]: b["spec"] for b in of_kind(any_plan, "ValidatingAdmissionPolicyBinding")
+    }
+    assert bindings == {
+        name: {"policyName": name, "validationActions": ["Deny"]}
+        for name in ("superkube-preflight-own-node", "superkube-gpu-test-own-node")
+    }
+    policies = {p["metadata"]["name"]: p for p in of_kind(any_plan, "ValidatingAdmissionPolicy")}
+    assert {
+        name: p["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1] for name, p in policies.items()
+    } == {
+        "superkube-preflight-own-node": "superkube-preflight'",
+        "superkube-gpu-test-own-node": "superkube-gpu-test'",
+    }
+
+
+def test_periodic_gpu_tests_take_whole_idle_nodes_and_never_add_or_displace_any(any_plan: Plan) -> None:
+    gpu_pools = [p for p in any_plan.spec.node_pools if p.role == "gpu"]
+    jobs = {j["metadata"]["name"]: j for j in of_kind(any_plan, "CronJob")}
+    assert set(jobs) == {f"superkube-gpu-test-{p.name}" for p in gpu_pools}
+    classes = {c["metadata"]["name"]: c for c in of_kind(any_plan, "PriorityClass")}
+    for pool in gpu_pools:
+        job = jobs[f"superkube-gpu-test-{pool.name}"]
+        assert job["spec"]["schedule"] == any_plan.spec.gpu_test_schedule
+        spec = job["spec"]["jobTemplate"]["spec"]
+        assert spec["parallelism"] == spec["completions"] == any_plan.spec.gpu_test_nodes
+        assert spec["backoffLimitPerIndex"] == 0, "a node that fails is not tested again in the run"
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        gpus = str(vmsizes.size(pool.vm_size, "test").gpus)
+        # every GPU of the node: the pod fits only where none is in use
+        assert (
+            container["resources"]["requests"]["nvidia.com/gpu"]
+            == gpus
+            == container["resources"]["limits"]["nvidia.com/gpu"]
+        )
+        assert f"--burn-seconds={any_plan.spec.gpu_burn_seconds}" in container["command"]
+        assert container["image"].startswith("ghcr.io/superkube/gpu-tests:")
+        cls = classes[pod["priorityClassName"]]
+        assert cls["value"] < autoscaling.EXPENDABLE_CUTOFF and cls["preemptionPolicy"] == "Never"
+        assert all(t.get("key") != PREFLIGHT_TAINT_KEY and t.get("key") for t in pod["tolerations"])
+        (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    (preflight,) = [
+        d for d in of_kind(any_plan, "DaemonSet") if d["metadata"]["name"].startswith("superkube-preflight")
+    ]
+    command = preflight["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert f"--burn-seconds={any_plan.spec.gpu_burn_seconds}" in command
+
+
+def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    config["superkube:gpu_test_schedule"] = ""
+    plan = planning.run(ROOT, str(write_stack(config)))
+    assert of_kind(plan, "CronJob") == []
+    assert [b["spec"]["policyName"] for b in of_kind(plan, "ValidatingAdmissionPolicyBinding")] == [
+        "superkube-preflight-own-node"
+    ]
 
 
 def test_each_health_key_reaches_the_agents_flags(write_stack: Callable[..., Path]) -> None:

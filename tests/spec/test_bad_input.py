@@ -71,6 +71,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("share-as-word", {"health_max_cordoned_share": "some"}, "superkube:health_max_cordoned_share", "number"),
     ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
     (
+        "schedule-of-four-fields",
+        {"gpu_test_schedule": "0 */6 * *"},
+        "superkube:gpu_test_schedule",
+        "five fields",
+    ),
+    ("burn-for-hours", {"gpu_burn_seconds": 7200}, "superkube:gpu_burn_seconds", "3600"),
+    (
         "two-teams-one-pool-one-priority",
         {
             "teams": "- {selector: {superkube.io/pool: gpu}, team: a}\n- {selector: {superkube.io/pool: gpu}, team: b}\n"

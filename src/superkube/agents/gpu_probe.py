@@ -10,6 +10,7 @@ maintained NVIDIA binding (`nvidia-ml-py`, imported only when `read_nvml` runs);
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from superkube.agents.gpu_burn import Performance
 
 THRESHOLDS = Path(__file__).resolve().parents[3] / "data" / "gpu_health.yaml"
 Level = Literal["healthy", "warning", "fatal"]
@@ -76,6 +79,17 @@ class Reading(_Model):
     vm_size: str
     expected_gpus: int = Field(ge=0)
     gpus: list[Gpu]
+    performance: Performance | None = None
+    """The active check's figures (preflight and periodic tests run it; the health agent never does)."""
+
+
+Figure = Literal["matmul_bf16_tflops", "memory_copy_gbps", "host_to_device_gbps"]
+
+
+class PerformanceLimits(_Model):
+    fatal_below: float = Field(gt=0, le=1)
+    warning_below: float = Field(gt=0, le=1)
+    expected: dict[str, dict[Figure, float]]
 
 
 class Thresholds(_Model):
@@ -88,6 +102,7 @@ class Thresholds(_Model):
     remapped_rows: dict[Literal["pending_fatal", "failure_fatal"], bool]
     pcie: dict[Literal["degraded_warning"], bool]
     nvlink: dict[Literal["inactive_fatal"], bool]
+    performance: PerformanceLimits
 
 
 def _where(error: ValidationError) -> str:
@@ -287,6 +302,86 @@ def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
     return out
 
 
+# (expected figure in data/gpu_health.yaml, the burn's field, what it is, its unit)
+FIGURES: tuple[tuple[Figure, str, str, str], ...] = (
+    ("matmul_bf16_tflops", "matmul_tflops", "bf16 matrix multiply", "TFLOP/s"),
+    ("memory_copy_gbps", "memory_copy_gbps", "memory copy", "GB/s"),
+    ("host_to_device_gbps", "host_to_device_gbps", "host-to-device copy", "GB/s"),
+)
+
+
+def _gpu_model(vm_size: str) -> str:
+    from superkube import vmsizes
+
+    try:
+        return vmsizes.size(vm_size, "vm_size").gpu_model
+    except vmsizes.UnknownVmSize:
+        return ""
+
+
+def _performance_findings(reading: Reading, t: Thresholds) -> list[Finding]:
+    """Wrong numbers are fatal whatever the speed; slow figures are judged against what the VM size's
+    GPU model is expected to reach."""
+    perf = reading.performance
+    if perf is None:
+        return []
+    out: list[Finding] = []
+    sums = Counter(g.checksum for g in perf.gpus if g.checksum)
+    agreed, votes = sums.most_common(1)[0] if sums else ("", 0)
+    for g in perf.gpus:
+        if g.matmul_mismatches:
+            out.append(
+                Finding(
+                    "fatal",
+                    g.index,
+                    f"{g.matmul_mismatches} matrix products differed from its first on the same inputs "
+                    "(silent data corruption)",
+                )
+            )
+        if votes * 2 > len(perf.gpus) and g.checksum and g.checksum != agreed:
+            out.append(
+                Finding(
+                    "fatal",
+                    g.index,
+                    "its matrix product differs from the other GPUs' on the same inputs (silent data corruption)",
+                )
+            )
+    model = _gpu_model(reading.vm_size)
+    expected = t.performance.expected.get(model)
+    if expected is None:
+        out.append(
+            Finding(
+                "warning",
+                None,
+                f"no expected performance for {model or reading.vm_size} in data/gpu_health.yaml: "
+                "the burn's figures were recorded, not judged",
+            )
+        )
+        return out
+    for g in perf.gpus:
+        for key, field_, what, unit in FIGURES:
+            if key not in expected:
+                continue
+            got, want = getattr(g, field_), expected[key]
+            share = got / want
+            level: Level | None = (
+                "fatal"
+                if share < t.performance.fatal_below
+                else "warning"
+                if share < t.performance.warning_below
+                else None
+            )
+            if level:
+                out.append(
+                    Finding(
+                        level,
+                        g.index,
+                        f"{what} {got:g} {unit}, {share:.0%} of the {want:g} a {model} reaches",
+                    )
+                )
+    return out
+
+
 def verdict(reading: Reading, t: Thresholds | None = None) -> Verdict:
     """The node's verdict: the worst of its findings."""
     t = t or thresholds()
@@ -304,6 +399,7 @@ def verdict(reading: Reading, t: Thresholds | None = None) -> Verdict:
         )
     for gpu in reading.gpus:
         findings += _gpu_findings(gpu, t)
+    findings += _performance_findings(reading, t)
     level: Level = max((f.level for f in findings), key=ORDER.__getitem__, default="healthy")
     return Verdict(reading.node, level, findings)
 

@@ -174,11 +174,16 @@ def probe_of(
     thresholds: Any,
     dcgm_url: str = "",
     log: logging.Logger | None = None,
+    burn_seconds: float = 0.0,
 ) -> Callable[[], Any]:
     """The node's probe: NVML, or a saved reading (tests, incidents), with what the node's
     dcgm-exporter adds when `dcgm_url` is set, judged by `thresholds`. An exporter that cannot be
-    read costs one log line and the reading goes on without it: it adds signals, never gates them."""
-    from superkube.agents import gpu_probe
+    read costs one log line and the reading goes on without it: it adds signals, never gates them.
+
+    With `burn_seconds` (preflight and the periodic tests) a live reading also runs the active check
+    (gpu_burn) for that long; a burn that cannot run is a fatal finding, since a node whose GPUs
+    could not be exercised has not passed."""
+    from superkube.agents import gpu_burn, gpu_probe
 
     def probe() -> gpu_probe.Verdict:
         got = (
@@ -191,7 +196,16 @@ def probe_of(
                 got = gpu_probe.merge_dcgm(got, gpu_probe.read_dcgm(dcgm_url), dcgm_url)
             except (OSError, gpu_probe.ReadingError) as e:
                 (log or logging.getLogger(__name__)).warning("dcgm-exporter not read (%s); NVML only", e)
-        return gpu_probe.verdict(got, thresholds)
+        failed = None
+        if burn_seconds > 0 and reading is None:
+            try:
+                got = got.model_copy(update={"performance": gpu_burn.measure(burn_seconds)})
+            except gpu_burn.BurnError as e:
+                failed = gpu_probe.Finding("fatal", None, f"the active GPU check could not run: {e}")
+        result = gpu_probe.verdict(got, thresholds)
+        if failed is None:
+            return result
+        return gpu_probe.Verdict(result.node, "fatal", [*result.findings, failed])
 
     return probe
 
@@ -223,6 +237,17 @@ def agent_parser(prog: str, description: str, metrics_port: int) -> argparse.Arg
         help="the node's dcgm-exporter /metrics, whose Xid and error counters join NVML's (env DCGM_URL)",
     )
     return p
+
+
+def add_burn_option(p: argparse.ArgumentParser) -> None:
+    """The active check's option, for the agents that may burn a node (never the health agent,
+    whose node runs jobs)."""
+    p.add_argument(
+        "--burn-seconds",
+        type=float,
+        default=0.0,
+        help="run the active GPU check (matrix-multiply burn, bandwidth) this long each round; 0: none",
+    )
 
 
 def log_to_stderr(component: str) -> None:
@@ -268,7 +293,16 @@ def run_agent(
     except gpu_probe.ReadingError as e:
         print(f"{component}: {e}", file=sys.stderr)
         return 2
-    probe = probe_of(args.node, args.vm_size, args.expected_gpus, args.reading, limits, args.dcgm_url, log)
+    probe = probe_of(
+        args.node,
+        args.vm_size,
+        args.expected_gpus,
+        args.reading,
+        limits,
+        args.dcgm_url,
+        log,
+        getattr(args, "burn_seconds", 0.0),
+    )
     kube = connect(component, args, metrics.registry)
     if kube is None:
         return 2

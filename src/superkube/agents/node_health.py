@@ -8,7 +8,9 @@ and acts on the verdict:
   PodDisruptionBudgets hold (a 429 leaves the pod for the next round); pods are never deleted, and
   DaemonSet and mirror pods stay. Each action is also an Event on the node.
 - warning: an Event on the node, once per distinct set of reasons.
-- healthy: nothing; a cordoned node comes back only by hand (or a passing periodic test).
+- healthy: nothing; a cordoned node comes back only by hand.
+A failed periodic GPU test (the annotation `superkube.io/gpu-test-result` that superkube.agents.gpu_test
+writes) is one more fatal finding: the tests record, this agent acts.
 A node still behind the preflight taint is the preflight agent's: this one leaves it alone.
 
 The circuit breaker: before cordoning, the agent counts the nodes of its pool this agent has
@@ -38,7 +40,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from superkube.agents import gpu_probe
+from superkube.agents import gpu_probe, gpu_test
 from superkube.agents.kubeapi import (
     MAX_MESSAGE,
     Kube,
@@ -150,6 +152,15 @@ def decide(
     return Decision(cordon=reason, evict=pods_out, events=tuple(cordon_events), cordoned_share=after)
 
 
+def with_periodic_test(verdict: gpu_probe.Verdict, failed_test: str | None) -> gpu_probe.Verdict:
+    """The probe's verdict with a failed periodic GPU test (the node's annotation) as one more fatal
+    finding: the test records, this agent takes the node out, behind the same breaker."""
+    if failed_test is None:
+        return verdict
+    finding = gpu_probe.Finding("fatal", None, f"periodic GPU test {failed_test}")
+    return gpu_probe.Verdict(verdict.node, "fatal", [*verdict.findings, finding])
+
+
 # --- what goes to the API server (each body is checked against the official schema in tests) ----
 
 
@@ -192,6 +203,12 @@ class Metrics:
         self.api_up = Gauge(
             "superkube_health_api_up", "1 when the last round reached the API server.", registry=r
         )
+        self.gpu_test_failed = Gauge(
+            "superkube_health_gpu_test_failed",
+            "1 while this agent's node carries a failed periodic GPU test (sum by pool: the pool's count).",
+            ["pool"],
+            registry=r,
+        )
 
 
 @dataclass
@@ -206,9 +223,12 @@ class Agent:
     warned: str = ""
 
     def round(self) -> Decision:
-        verdict = self.probe()
+        verdict = self.probe()  # probed (and counted) even while the API server is away
         self.metrics.checks.labels(verdict.level).inc()
         node = self.kube.node(self.node)
+        test = gpu_test.failed(node)
+        self.metrics.gpu_test_failed.labels(self.pool).set(1 if test else 0)
+        verdict = with_periodic_test(verdict, test)
         # The pool is read only when this round may cordon (a fatal verdict on a node past preflight
         # that is not cordoned yet): every agent listing its whole pool every round would be
         # thousands of whole-pool lists a minute for the API servers at 7,500 nodes.

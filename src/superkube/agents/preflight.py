@@ -37,6 +37,7 @@ from superkube.agents import gpu_probe
 from superkube.agents.kubeapi import (
     MAX_MESSAGE,
     Kube,
+    add_burn_option,
     agent_parser,
     check_agent_args,
     event,
@@ -54,6 +55,9 @@ log = logging.getLogger(COMPONENT)
 
 # a finding's reason -> the bounded `reason` label of the failure counter
 _REASONS = (
+    (re.compile(r"silent data corruption"), "wrong-results"),
+    (re.compile(r"active GPU check could not run"), "burn-failed"),
+    (re.compile(r"matrix multiply|memory copy|host-to-device"), "performance"),
     (re.compile(r"^Xid (\d+)"), "xid-{0}"),
     (re.compile(r"GPUs a .* has are visible"), "gpu-count"),
     (re.compile(r"ECC"), "ecc"),
@@ -175,6 +179,7 @@ class Agent:
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = agent_parser("preflight", __doc__.splitlines()[0], PREFLIGHT_METRICS_PORT)
+    add_burn_option(p)
     args = p.parse_args(argv)
     check_agent_args(p, args)
     return args
