@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import celpy
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -26,6 +25,7 @@ from superkube.agents import node_health as nh
 from superkube.agents import preflight as pf
 from superkube.cli import app
 from tests.agents.test_node_health import PODS, READINGS, Api, node, run_agent
+from tests.agents.test_preflight import admits as preflight_admits
 from tests.agents.test_preflight import apply
 
 VERSION = "1.35.0"
@@ -147,23 +147,9 @@ def test_without_pytorch_the_burn_says_so_in_one_line() -> None:
 # --- the periodic test's fence -------------------------------------------------------------------------
 
 
-def admits(old: dict[str, Any], new: dict[str, Any], user: str = SA, node_name: str = "gpu-1") -> list[str]:
+def admits(old: dict[str, Any], new: dict[str, Any], node_name: str = "gpu-1") -> list[str]:
     """The messages of the gpu-test policy's validations that reject this update (empty: admitted)."""
-    (vap,) = [m for m in component.fence("gpu-test") if m["kind"] == "ValidatingAdmissionPolicy"]
-    env = celpy.Environment()
-    activation = {
-        "object": celpy.json_to_cel(new),
-        "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel(
-            {"userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
-        ),
-    }
-    spec = vap["spec"]
-    if not all(
-        env.program(env.compile(c["expression"])).evaluate(activation) for c in spec["matchConditions"]
-    ):
-        return []
-    return [v["message"] for v in spec["validations"] if not env.program(env.compile(v["expression"])).evaluate(activation)]  # fmt: skip
+    return preflight_admits(old, new, SA, node_name, agent="gpu-test")
 
 
 def test_the_fence_admits_the_tests_own_result_and_is_a_valid_object() -> None:

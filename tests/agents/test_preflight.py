@@ -90,12 +90,18 @@ def test_each_failure_counts_under_a_bounded_reason(reading: str, codes: set[str
 # --- the fence: the policy's CEL over before and after -------------------------------------------------
 
 
-def policy() -> dict[str, Any]:
-    (vap,) = [m for m in component.fence() if m["kind"] == "ValidatingAdmissionPolicy"]
+def policy(agent: component.Fenced = "preflight") -> dict[str, Any]:
+    (vap,) = [m for m in component.fence(agent) if m["kind"] == "ValidatingAdmissionPolicy"]
     return vap
 
 
-def admits(old: dict[str, Any], new: dict[str, Any], user: str = SA, node_name: str = "gpu-1") -> list[str]:
+def admits(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    user: str = SA,
+    node_name: str = "gpu-1",
+    agent: component.Fenced = "preflight",
+) -> list[str]:
     """The messages of the validations that reject this update (empty: admitted)."""
     env = celpy.Environment()
     activation = {
@@ -105,7 +111,7 @@ def admits(old: dict[str, Any], new: dict[str, Any], user: str = SA, node_name: 
             {"userInfo": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node_name]}}}
         ),
     }
-    spec = policy()["spec"]
+    spec = policy(agent)["spec"]
     if not all(
         env.program(env.compile(c["expression"])).evaluate(activation) for c in spec["matchConditions"]
     ):

@@ -33,11 +33,12 @@ from superkube.agents.kubeapi import (
     Kube,
     add_burn_option,
     agent_parser,
+    annotate,
     check_agent_args,
     event,
     log_to_stderr,
+    node_probe,
     now,
-    probe_of,
     stamp,
     unreachable,
 )
@@ -47,15 +48,9 @@ RESULT_ANNOTATION = "superkube.io/gpu-test-result"
 log = logging.getLogger(COMPONENT)
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 def result_patch(node: Mapping[str, Any], message: str) -> list[dict[str, Any]]:
     """The JSON patch that records a result on the node: the annotation only."""
-    if (node.get("metadata") or {}).get("annotations") is None:
-        return [{"op": "add", "path": "/metadata/annotations", "value": {RESULT_ANNOTATION: message}}]
-    return [{"op": "add", "path": f"/metadata/annotations/{_escape(RESULT_ANNOTATION)}", "value": message}]
+    return annotate(node, RESULT_ANNOTATION, message)
 
 
 def failed(node: Mapping[str, Any]) -> str | None:
@@ -92,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     check_agent_args(p, args)
     log_to_stderr(COMPONENT)
     try:
-        limits = gpu_probe.thresholds(args.thresholds or gpu_probe.THRESHOLDS)
+        probe = node_probe(args, log)
         kube = Kube(args.kubeconfig)
     except gpu_probe.ReadingError as e:
         print(f"{COMPONENT}: {e}", file=sys.stderr)
@@ -100,16 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a config the client cannot load
         print(f"{COMPONENT}: cannot load the Kubernetes client's config: {e}", file=sys.stderr)
         return 2
-    probe = probe_of(
-        args.node,
-        args.vm_size,
-        args.expected_gpus,
-        args.reading,
-        limits,
-        args.dcgm_url,
-        log,
-        args.burn_seconds,
-    )
     try:
         verdict = probe()  # once: a retry below never burns the GPUs again
     except gpu_probe.ReadingError as e:

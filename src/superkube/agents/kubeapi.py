@@ -42,6 +42,35 @@ def eviction(pod: PodRef) -> dict[str, Any]:
     }
 
 
+def pointer(key: str) -> str:
+    """A map key as a JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def annotate(node: Mapping[str, Any], key: str, value: str) -> list[dict[str, Any]]:
+    """The JSON patch operation that sets one annotation of `node` (and makes the map if it has none)."""
+    if (node.get("metadata") or {}).get("annotations") is None:
+        return [{"op": "add", "path": "/metadata/annotations", "value": {key: value}}]
+    return [{"op": "add", "path": f"/metadata/annotations/{pointer(key)}", "value": value}]
+
+
+def node_probe(args: argparse.Namespace, log: logging.Logger) -> Callable[[], Any]:
+    """The probe a node agent's options ask for; a bad thresholds file raises ReadingError."""
+    from superkube.agents import gpu_probe
+
+    limits = gpu_probe.thresholds(args.thresholds or gpu_probe.THRESHOLDS)
+    return probe_of(
+        args.node,
+        args.vm_size,
+        args.expected_gpus,
+        args.reading,
+        limits,
+        args.dcgm_url,
+        log,
+        getattr(args, "burn_seconds", 0.0),
+    )
+
+
 def event(
     node: Mapping[str, Any], component: str, type_: str, reason: str, message: str, at: datetime
 ) -> dict[str, Any]:
@@ -289,20 +318,10 @@ def run_agent(
 
     log_to_stderr(component)
     try:
-        limits = gpu_probe.thresholds(args.thresholds or gpu_probe.THRESHOLDS)
+        probe = node_probe(args, log)
     except gpu_probe.ReadingError as e:
         print(f"{component}: {e}", file=sys.stderr)
         return 2
-    probe = probe_of(
-        args.node,
-        args.vm_size,
-        args.expected_gpus,
-        args.reading,
-        limits,
-        args.dcgm_url,
-        log,
-        getattr(args, "burn_seconds", 0.0),
-    )
     kube = connect(component, args, metrics.registry)
     if kube is None:
         return 2

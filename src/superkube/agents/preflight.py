@@ -39,9 +39,11 @@ from superkube.agents.kubeapi import (
     Kube,
     add_burn_option,
     agent_parser,
+    annotate,
     check_agent_args,
     event,
     now,
+    pointer,
     run_agent,
     stamp,
 )
@@ -76,11 +78,6 @@ def reason_code(finding: gpu_probe.Finding) -> str:
     return "other"
 
 
-def _escape(key: str) -> str:
-    """A map key as a JSON Pointer token (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 def pass_patch(node: Mapping[str, Any], message: str) -> list[dict[str, Any]]:
     """The JSON patch that lets a passed node into service: the preflight taint and label go, the
     result is recorded; `test` first, so a node changed since it was read is not overwritten."""
@@ -92,20 +89,14 @@ def pass_patch(node: Mapping[str, Any], message: str) -> list[dict[str, Any]]:
         {"op": "replace", "path": "/spec/taints", "value": kept},
     ]
     if PREFLIGHT_TAINT_KEY in labels:
-        ops.append({"op": "remove", "path": f"/metadata/labels/{_escape(PREFLIGHT_TAINT_KEY)}"})
-    ops += _annotate(node, message)
+        ops.append({"op": "remove", "path": f"/metadata/labels/{pointer(PREFLIGHT_TAINT_KEY)}"})
+    ops += annotate(node, RESULT_ANNOTATION, message)
     return ops
 
 
 def fail_patch(node: Mapping[str, Any], message: str) -> list[dict[str, Any]]:
     """The JSON patch that records why a node stays out of service."""
-    return _annotate(node, message)
-
-
-def _annotate(node: Mapping[str, Any], message: str) -> list[dict[str, Any]]:
-    if (node.get("metadata") or {}).get("annotations") is None:
-        return [{"op": "add", "path": "/metadata/annotations", "value": {RESULT_ANNOTATION: message}}]
-    return [{"op": "add", "path": f"/metadata/annotations/{_escape(RESULT_ANNOTATION)}", "value": message}]
+    return annotate(node, RESULT_ANNOTATION, message)
 
 
 def pending(node: Mapping[str, Any]) -> bool:
