@@ -7,10 +7,10 @@ Thin on purpose: validate the stack's config once, plan its addresses, build the
 import pulumi
 
 from modules.cluster import Cluster, ClusterArgs
-from superkube import vmsizes
-from superkube.ipam import plan_addresses
-from superkube.spec import CONFIG_KEYS, KUBECONFIG_KEY, NAMESPACE, SpecError, from_config
-from superkube.teams import WEBHOOK_TLS_KEY
+from superkube.model import vmsizes
+from superkube.model.ipam import plan_addresses
+from superkube.model.spec import CONFIG_KEYS, KUBECONFIG_KEY, NAMESPACE, SpecError, from_config
+from superkube.model.teams import WEBHOOK_TLS_KEY
 
 config = pulumi.Config(NAMESPACE)
 values = {key: config.get(key) for key in CONFIG_KEYS}

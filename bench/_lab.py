@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from superkube import fleet, lab
+from superkube.fleet import converge as fleet
+from superkube.lab import hosts as lab
 
 
 @contextmanager

@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src")]
 
-from superkube import fleet, lab  # noqa: E402
+from superkube.fleet import converge as fleet  # noqa: E402
+from superkube.lab import hosts as lab  # noqa: E402
 
 SIZES = (1, 4, 8)
 

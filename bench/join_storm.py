@@ -14,7 +14,7 @@ Model (documented in the README, "Smoothed scale-up"):
   waits first-come first-served (each joining node is its own flow, so fair queuing is FIFO here);
   once queues x queueLengthLimit requests wait, the next is rejected with 429.
 It prints the peak join rate the simulation sees (per second, and as nodes/minute over the busiest
-minute) beside `superkube.autoscaling.peak_join_rate_per_second`'s formula (which the policy rule
+minute) beside `superkube.cluster.autoscaling.peak_join_rate_per_second`'s formula (which the policy rule
 uses; it leaves out the boot-time spread, so it is the conservative one), and the queue wait.
 Only the join path is modelled: a joined kubelet's LIST/WATCH load is outside these FlowSchemas.
 """
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from modules.platform.flowcontrol import NodeJoinFlowArgs  # noqa: E402
-from superkube import autoscaling, kube  # noqa: E402
-from superkube import plan as planning  # noqa: E402
+from superkube.cluster import autoscaling, kube  # noqa: E402
+from superkube.plan import engine as planning  # noqa: E402
 
 REQUESTS = 4
 SERVICE_MS = 50

@@ -32,7 +32,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src"), str(ROOT / "tests" / "monitoring")
 
 from _lab import converged  # noqa: E402  (bench/ is the script's folder)
 
-from superkube import lab, monitoring  # noqa: E402
+from superkube.cluster import monitoring  # noqa: E402
+from superkube.lab import hosts as lab  # noqa: E402
 
 HOST = "monitoring-1"
 

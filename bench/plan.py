@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from superkube import plan as planning  # noqa: E402
+from superkube.plan import engine as planning  # noqa: E402
 
 SIZES = (75, 750, 7_500)
 REPEATS = 5

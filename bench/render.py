@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from superkube import plan as planning  # noqa: E402
-from superkube import render  # noqa: E402
+from superkube.plan import engine as planning  # noqa: E402
+from superkube.plan import render  # noqa: E402
 
 REPEATS = 7
 

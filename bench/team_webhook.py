@@ -28,8 +28,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from superkube import teams  # noqa: E402
 from superkube.agents import team_webhook  # noqa: E402
+from superkube.model import teams  # noqa: E402
 from tests.tls import issue  # noqa: E402
 
 REVIEWS = 2_000

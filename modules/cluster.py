@@ -19,8 +19,8 @@ from modules.network.hub import Hub, HubArgs
 from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
 from modules.platform.layer import InClusterLayer, InClusterLayerArgs
-from superkube.ipam import AddressPlan
-from superkube.spec import ClusterSpec
+from superkube.model.ipam import AddressPlan
+from superkube.model.spec import ClusterSpec
 
 
 @dataclass(frozen=True, kw_only=True)

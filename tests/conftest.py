@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from superkube import plan as planning
+from superkube.plan import engine as planning
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_KEY = (

@@ -74,7 +74,7 @@ def test_config_schema_check_fails_when_stale(tmp_path: Path, root: Path) -> Non
 
 def test_saved_plans_list_resources_in_one_stable_order(dev_plan: Any) -> None:
     """Two plans of one stack are the same document, so a saved plan diffs only where the stack did."""
-    from superkube import plan as planning
+    from superkube.plan import engine as planning
     from tests.conftest import ROOT
 
     urns = [r.urn for r in dev_plan.resources]

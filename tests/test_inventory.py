@@ -9,8 +9,8 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from superkube.kube import GROUPS, MACHINE_GROUPS
-from superkube.plan import Plan
+from superkube.cluster.kube import GROUPS, MACHINE_GROUPS
+from superkube.plan.engine import Plan
 
 ENV = jinja2.Environment()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from superkube import reference
+from superkube.cluster import reference
 
 KUBELET = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration"}
 PROXY = {"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration"}

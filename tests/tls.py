@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from superkube.kube import team_webhook_dns_names
+from superkube.cluster.kube import team_webhook_dns_names
 
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
 

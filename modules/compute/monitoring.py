@@ -14,7 +14,7 @@ import pulumi
 
 from modules.common import require, tagged
 from modules.compute.machine import Machine, members, placement
-from superkube.kube import METRICS_STORE, MONITORING
+from superkube.cluster.kube import METRICS_STORE, MONITORING
 
 
 @dataclass(frozen=True, kw_only=True)

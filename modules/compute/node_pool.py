@@ -9,12 +9,12 @@ import pulumi
 from pulumi_azure_native import compute
 
 from modules.common import child, image_reference, linux_ssh_only, require, tagged
-from superkube import cloudinit
 from superkube.agents.cni_config import EGRESS_TAG
-from superkube.autoscaling import discovery_tags, template_tag
-from superkube.ipam import ScaleSetPlan
-from superkube.kube import GPU_RESOURCE, pool_group
-from superkube.spec import NodePool as PoolSpec
+from superkube.cluster import cloudinit
+from superkube.cluster.autoscaling import discovery_tags, template_tag
+from superkube.cluster.kube import GPU_RESOURCE, pool_group
+from superkube.model.ipam import ScaleSetPlan
+from superkube.model.spec import NodePool as PoolSpec
 
 
 @dataclass(frozen=True, kw_only=True)

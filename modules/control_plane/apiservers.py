@@ -10,8 +10,8 @@ from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
 from modules.compute.machine import members, placement
-from superkube.kube import APISERVER_PORT as API_PORT
-from superkube.kube import APISERVERS
+from superkube.cluster.kube import APISERVER_PORT as API_PORT
+from superkube.cluster.kube import APISERVERS
 
 
 @dataclass(frozen=True, kw_only=True)

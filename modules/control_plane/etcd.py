@@ -10,8 +10,8 @@ import pulumi
 
 from modules.common import require, tagged
 from modules.compute.machine import Machine, members, placement
-from superkube.kube import ETCD_CLIENT_PORT as CLIENT_PORT
-from superkube.kube import etcd_group
+from superkube.cluster.kube import ETCD_CLIENT_PORT as CLIENT_PORT
+from superkube.cluster.kube import etcd_group
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
 from modules.network import vnet
-from superkube.ipam import SubnetPlan
+from superkube.model.ipam import SubnetPlan
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
 from modules.compute.machine import Machine, MachineArgs, placement
-from superkube.kube import NAT_HOST
+from superkube.cluster.kube import NAT_HOST
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ import pulumi
 from pulumi_azure_native import network
 
 from modules.common import child, deny_internet_inbound
-from superkube.ipam import SubnetPlan
+from superkube.model.ipam import SubnetPlan
 
 
 @dataclass(frozen=True)

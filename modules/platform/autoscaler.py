@@ -11,8 +11,8 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.foundation import CLUSTER_CRITICAL
 from modules.platform.objects import Manifest
-from superkube import autoscaling
-from superkube.cloudinit import ROLE_LABEL
+from superkube.cluster import autoscaling
+from superkube.cluster.cloudinit import ROLE_LABEL
 
 NAME = "cluster-autoscaler"
 NAMESPACE = "kube-system"

@@ -20,11 +20,11 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.foundation import BALLOON_PRIORITY, NAMESPACE
 from modules.platform.objects import Manifest
-from superkube.cloudinit import POOL_LABEL
-from superkube.spec import PREFLIGHT_TAINT_KEY
-from superkube.spec import NodePool as PoolSpec
-from superkube.teams import TAINT_EFFECT, TEAM_KEY
-from superkube.vmsizes import VmSize, fill_one_node
+from superkube.cluster.cloudinit import POOL_LABEL
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.spec import NodePool as PoolSpec
+from superkube.model.teams import TAINT_EFFECT, TEAM_KEY
+from superkube.model.vmsizes import VmSize, fill_one_node
 
 COMPONENT = "balloons"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"

@@ -21,7 +21,7 @@ import pulumi
 from modules.common import require
 from modules.platform import objects
 from modules.platform.objects import Manifest
-from superkube.kube import APF_NODE_HIGH_PRECEDENCE
+from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE
 
 LEVEL = "superkube-node-join"
 COMPONENT = "flowcontrol"

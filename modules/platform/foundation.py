@@ -9,8 +9,8 @@ import pulumi
 from modules.common import require
 from modules.platform import objects
 from modules.platform.objects import Manifest
-from superkube.autoscaling import EXPENDABLE_CUTOFF, PRIORITY_CLASS_MAX
-from superkube.kube import SYSTEM_NAMESPACE
+from superkube.cluster.autoscaling import EXPENDABLE_CUTOFF, PRIORITY_CLASS_MAX
+from superkube.cluster.kube import SYSTEM_NAMESPACE
 
 NAMESPACE = SYSTEM_NAMESPACE
 """Namespace of superkube's own workloads (balloons, agents, webhooks)."""

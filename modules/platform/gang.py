@@ -9,7 +9,7 @@
   launcher + workers, and labels every pod with it), its RBAC, and roles that let namespace editors
   and viewers use MPIJobs.
 
-Versions come from superkube.gang (the controller from the scheduler's own pin); CRDs from data/crds.
+Versions come from superkube.cluster.gang (the controller from the scheduler's own pin); CRDs from data/crds.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.foundation import CLUSTER_CRITICAL, NAMESPACE
 from modules.platform.objects import Manifest
-from superkube import gang
+from superkube.cluster import gang
 
 COMPONENT = "gang-scheduling"
 CONTROLLER = "scheduler-plugins-controller"

@@ -22,8 +22,9 @@ from modules.platform.gang import GangScheduling, GangSchedulingArgs
 from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
-from superkube import autoscaling, vmsizes
-from superkube.spec import ClusterSpec
+from superkube.cluster import autoscaling
+from superkube.model import vmsizes
+from superkube.model.spec import ClusterSpec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,11 +32,11 @@ from modules.platform.objects import Manifest
 from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
-from superkube.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
-from superkube.kube import GPU_RESOURCE, NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
-from superkube.spec import PREFLIGHT_TAINT_KEY
-from superkube.spec import NodePool as PoolSpec
-from superkube.vmsizes import VmSize
+from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
+from superkube.cluster.kube import GPU_RESOURCE, NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.spec import NodePool as PoolSpec
+from superkube.model.vmsizes import VmSize
 
 COMPONENT = "node-health"
 HEALTH = "superkube-node-health"

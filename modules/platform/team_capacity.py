@@ -32,14 +32,14 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.foundation import CLUSTER_CRITICAL, NAMESPACE
 from modules.platform.objects import Manifest
-from superkube import teams
 from superkube.agents import AGENTS_IMAGE
-from superkube.kube import (
+from superkube.cluster.kube import (
     NAMESPACE_NAME_LABEL,
     TEAM_TAINTS_METRICS_PORT,
     TEAM_WEBHOOK_PORT,
     TEAM_WEBHOOK_SERVICE,
 )
+from superkube.model import teams
 
 COMPONENT = "team-capacity"
 CONFIG = "superkube-teams"

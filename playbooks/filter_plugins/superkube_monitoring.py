@@ -1,4 +1,4 @@
-"""Jinja filter: one Prometheus shard's configuration, built by superkube.monitoring (the same code
+"""Jinja filter: one Prometheus shard's configuration, built by superkube.cluster.monitoring (the same code
 `superkube monitoring render` uses), from the inventory's hosts by group.
 
     {{ groups | superkube_prometheus_config(hostvars, target_groups, cluster, shards, shard, store_url, ...) }}
@@ -23,7 +23,7 @@ def prometheus_config(
     scrape_interval: str = "30s",
     only_jobs: list[str] | None = None,
 ) -> str:
-    from superkube import monitoring  # the controller runs Ansible from the project's environment
+    from superkube.cluster import monitoring  # the controller runs Ansible from the project's environment
 
     targets = {g: [str(hostvars[h]["ansible_host"]) for h in groups.get(g, [])] for g in target_groups}
 

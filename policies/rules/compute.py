@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import yaml
 
-from superkube.autoscaling import ENABLED_TAG, NAME_TAG, is_autoscaled, template_tag
-from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
-from superkube.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
-from superkube.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GPU_RESOURCE
-from superkube.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
+from superkube.cluster.autoscaling import ENABLED_TAG, NAME_TAG, is_autoscaled, template_tag
+from superkube.cluster.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
+from superkube.cluster.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GPU_RESOURCE
+from superkube.model.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
+from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -26,7 +26,7 @@ def _os_profile(r: PlanResource) -> dict:
 
 
 def _cloud_init_files(vmss: PlanResource) -> dict[str, str] | None:
-    from superkube.cloudinit import decode
+    from superkube.cluster.cloudinit import decode
 
     data = _os_profile(vmss).get("customData")
     if not data:

@@ -9,9 +9,10 @@ from typing import Any
 import yaml
 
 from policies.rules.platform import _dig, _kind, _name, _objects
-from superkube import jobs, teams
-from superkube.checks import Finding, Rule, RuleConfig, StackView
-from superkube.kube import NAMESPACE_NAME_LABEL
+from superkube.cluster import jobs
+from superkube.cluster.kube import NAMESPACE_NAME_LABEL
+from superkube.model import teams
+from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
 
 SYSTEM_NAMESPACE = "kube-system"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from superkube.checks import Finding, Rule, RuleConfig, StackView
-from superkube.monitoring import DROPS_COMMENT, REVIEWED_COMMENT
+from superkube.cluster.monitoring import DROPS_COMMENT, REVIEWED_COMMENT
+from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
 
 
 def _bundle(config: RuleConfig) -> Mapping[str, Any] | None:
@@ -162,8 +162,8 @@ RULES = [
         "monitoring-scrape-jobs-reviewed",
         "medium",
         "Every scrape job says why it drops each series it drops, or why it needs no drop rule.",
-        "Give the job's drop rules a reason (superkube.monitoring.DROP) or the job a `reviewed` reason "
-        "(superkube.monitoring.jobs).",
+        "Give the job's drop rules a reason (superkube.cluster.monitoring.DROP) or the job a `reviewed` reason "
+        "(superkube.cluster.monitoring.jobs).",
         _jobs_reviewed,
     ),
 ]

@@ -7,9 +7,18 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView, networks, subnet_of, vnet_of
-from superkube.ipam import AZURE_RESERVED_PER_SUBNET
-from superkube.kube import NAT_HOST
+from superkube.cluster.kube import NAT_HOST
+from superkube.model.ipam import AZURE_RESERVED_PER_SUBNET
+from superkube.plan.checks import (
+    Finding,
+    PlanResource,
+    Rule,
+    RuleConfig,
+    StackView,
+    networks,
+    subnet_of,
+    vnet_of,
+)
 
 NIC = "azure-native:network:NetworkInterface"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"

@@ -8,10 +8,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from policies.rules.compute import VMSS, _cloud_init_files
-from superkube import autoscaling
-from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
-from superkube.cloudinit import JOIN_SCRIPT, join_jitter_seconds
-from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.cluster import autoscaling
+from superkube.cluster.cloudinit import JOIN_SCRIPT, join_jitter_seconds
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 AUTOSCALER = "cluster-autoscaler"
@@ -81,7 +81,7 @@ def _component(r: PlanResource) -> str | None:
 
 
 def _schema_valid(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    from superkube import render
+    from superkube.plan import render
 
     for r in _objects(view):
         obj = {"apiVersion": r.props.get("apiVersion"), "kind": _kind(r), **r.props}
@@ -342,7 +342,7 @@ RULES = [
         "platform-autoscaler-discovery",
         "high",
         "cluster-autoscaler's flags are its release's, and its discovery filter matches exactly the scale sets tagged for it.",
-        "Keep the autoscaler and the node pools on superkube.autoscaling.discovery_tags; set superkube:autoscaler_enabled true.",
+        "Keep the autoscaler and the node pools on superkube.cluster.autoscaling.discovery_tags; set superkube:autoscaler_enabled true.",
         _autoscaler_discovery,
     ),
     Rule(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from superkube.checks import Finding, Rule, RuleConfig, StackView
-from superkube.kube import APISERVERS, ETCD_EVENTS, ETCD_MAIN
-from superkube.spec import is_quorum_size
+from superkube.cluster.kube import APISERVERS, ETCD_EVENTS, ETCD_MAIN
+from superkube.model.spec import is_quorum_size
+from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"

@@ -1,5 +1,5 @@
 """Wiring: one fact, three layers. The same fact must agree in the Azure plan, the Ansible variables
-and the Kubernetes configuration the roles render from them (superkube.wiring renders the roles'
+and the Kubernetes configuration the roles render from them (superkube.cluster.wiring renders the roles'
 own variables offline, over the inventory the stack would have)."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import yaml
 
 from policies.rules.compute import _cloud_init_files, _kubelet_flag
 from policies.rules.network import _routes as network_routes
-from superkube import autoscaling, kube, reference, wiring
-from superkube.checks import Finding, PlanResource, Rule, RuleConfig, StackView
-from superkube.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
-from superkube.kube import (
+from superkube.cluster import autoscaling, kube, reference, wiring
+from superkube.cluster.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
+from superkube.cluster.kube import (
     APISERVERS,
     CPU_NODES,
     ETCD_EVENTS,
@@ -26,6 +25,7 @@ from superkube.kube import (
     MONITORING,
     NAT_HOST,
 )
+from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 LB = "azure-native:network:LoadBalancer"
 KUBECONFIG_URLS = {
@@ -262,7 +262,7 @@ def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
         taints = set(_kubelet_flag(registration, "--register-with-taints")) - {""}
         tags = vmss.tags
         if autoscaling.is_autoscaled(tags):
-            # both sides in the tags' own encoding (superkube.autoscaling.template_tag)
+            # both sides in the tags' own encoding (superkube.cluster.autoscaling.template_tag)
             reg_labels = {autoscaling.template_tag("label", k): v for k, v in labels.items()}
             tag_labels = _template_tags(tags, "label")
             if tag_labels != reg_labels:

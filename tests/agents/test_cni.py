@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from superkube import imds
 from superkube.agents import cni_bandwidth, cni_config
-from superkube.cnirun import CRI_BURST, capabilities
+from superkube.lab import imds
+from superkube.lab.cnirun import CRI_BURST, capabilities
 
 DOC = imds.document(
     name="gpu-vmss_0",

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from superkube import render
 from superkube.agents import gpu_probe, kubeapi
 from superkube.agents import node_health as nh
-from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.plan import render
 
 READINGS = Path(__file__).parent / "readings"
 VERSION = "1.35.0"

@@ -15,9 +15,9 @@ import jsonpatch
 import pytest
 import yaml
 
-from superkube import teams
 from superkube.agents import team_taints
 from superkube.agents.team_taints import Reconciler
+from superkube.model import teams
 from tests.agents.test_node_health import Api, free_port
 
 TEAMS = [

@@ -22,8 +22,9 @@ import jsonpatch
 import pytest
 import yaml
 
-from superkube import render, teams
 from superkube.agents import team_webhook
+from superkube.model import teams
+from superkube.plan import render
 from tests.tls import issue
 
 VERSION = "1.35.0"

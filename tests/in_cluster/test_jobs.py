@@ -13,10 +13,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from superkube import gang, jobs, render, teams, vmsizes
-from superkube import plan as planning
 from superkube.cli import app
-from superkube.plan import Plan
+from superkube.cluster import gang, jobs
+from superkube.model import teams, vmsizes
+from superkube.plan import engine as planning
+from superkube.plan import render
+from superkube.plan.engine import Plan
 from tests.conftest import ROOT
 
 EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from superkube import autoscaling, render, vmsizes
-from superkube import plan as planning
-from superkube.kube import APF_NODE_HIGH_PRECEDENCE
-from superkube.plan import Plan
-from superkube.spec import PREFLIGHT_TAINT_KEY
-from superkube.teams import TEAM_KEY
+from superkube.cluster import autoscaling
+from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE
+from superkube.model import vmsizes
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.teams import TEAM_KEY
+from superkube.plan import engine as planning
+from superkube.plan import render
+from superkube.plan.engine import Plan
 from tests.conftest import ROOT, dev_config
 
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -202,8 +204,8 @@ def test_every_object_goes_through_the_layers_provider_never_an_ambient_kubeconf
 
 def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan) -> None:
     from superkube.agents.gpu_probe import THRESHOLDS, Thresholds
-    from superkube.kube import NODE_AGENTS_METRICS_PORT
-    from superkube.monitoring import jobs
+    from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
+    from superkube.cluster.monitoring import jobs
 
     gpu_pools = [p for p in any_plan.spec.node_pools if p.role == "gpu"]
     sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet")}
@@ -325,7 +327,7 @@ def test_each_health_key_reaches_the_agents_flags(write_stack: Callable[..., Pat
 
 
 def test_prometheus_may_discover_and_read_what_its_config_asks_and_nothing_more(any_plan: Plan) -> None:
-    from superkube import monitoring
+    from superkube.cluster import monitoring
 
     (role,) = [r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == "superkube-prometheus"]
     verbs = {v for rule in role["rules"] for v in rule["verbs"]}

@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from modules.platform import balloons
-from superkube import render
 from superkube.cli import app
+from superkube.plan import render
 from tests.conftest import dev_config
 
 

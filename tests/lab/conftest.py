@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from superkube import lab
-from superkube.kube import IPTABLES_EXPORTER_PORT
+from superkube.cluster.kube import IPTABLES_EXPORTER_PORT
+from superkube.lab import hosts as lab
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it

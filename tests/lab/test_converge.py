@@ -11,10 +11,10 @@ import time
 
 from typer.testing import CliRunner
 
-from superkube import fleet as runner
-from superkube import lab
 from superkube.cli import app
-from superkube.kube import NODE_EXPORTER_PORT
+from superkube.cluster.kube import NODE_EXPORTER_PORT
+from superkube.fleet import converge as runner
+from superkube.lab import hosts as lab
 from tests.lab.conftest import counters, sh
 
 STOPPED = ("cpu-2", "etcd-events-1")

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from superkube import lab
 from superkube.cli import app
-from superkube.kube import NODE_EXPORTER_PORT
+from superkube.cluster.kube import NODE_EXPORTER_PORT
+from superkube.lab import hosts as lab
 from tests.lab.conftest import sh
 
 

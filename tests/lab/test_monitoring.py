@@ -2,7 +2,7 @@
 
 The monitoring role on the lab's monitoring host runs two Prometheus shards and the store, scraping
 the two GPU nodes' node-exporter and iptables exporter through the drop rules of
-superkube.monitoring. Queries go to the shards and the store over HTTP from the monitoring host.
+superkube.cluster.monitoring. Queries go to the shards and the store over HTTP from the monitoring host.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from superkube import fleet as runner
-from superkube import lab
-from superkube.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
+from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
+from superkube.fleet import converge as runner
+from superkube.lab import hosts as lab
 from tests.lab.conftest import counters, deliver, sh
 
 ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())

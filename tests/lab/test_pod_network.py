@@ -3,7 +3,7 @@ exhaustion and leaks, a reboot, and per-pod egress limits measured with iperf3.
 
 Two GPU nodes of the flagship's pool, converged with node_software (the CNI plugins, our boot unit
 and our shaping plugin) and the iptables accounting. Pods are network namespaces on the nodes with
-the CNI chain run as a container runtime runs it (superkube/cnirun.py, copied to each node).
+the CNI chain run as a container runtime runs it (superkube/lab/cnirun.py, copied to each node).
 Runs in file order on one lab.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from superkube import fleet as runner
-from superkube import lab
 from superkube.agents import cni_bandwidth
+from superkube.fleet import converge as runner
+from superkube.lab import hosts as lab
 from tests.lab.conftest import counters, deliver, sh
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "superkube"
@@ -36,7 +36,7 @@ def net(pod_network: lab.Lab) -> lab.Lab:
     )
     assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
     for host in NODES:
-        for name in ("cnirun.py", "agents/cni_bandwidth.py"):
+        for name in ("lab/cnirun.py", "agents/cni_bandwidth.py"):
             lab.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
     sh(pod_network, "internet", "iperf3 -s -D -p 5201 && iperf3 -s -D -p 5202")
     return pod_network

@@ -20,10 +20,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from superkube import fleet as runner
-from superkube import gang, kube, lab, reference
-from superkube import plan as planning
 from superkube.cli import app
+from superkube.cluster import gang, kube, reference
+from superkube.fleet import converge as runner
+from superkube.lab import hosts as lab
+from superkube.plan import engine as planning
 from tests.lab.conftest import sh
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ from modules.control_plane.apiservers import ApiServersArgs
 from modules.control_plane.etcd import EtcdClusterArgs
 from modules.network.hub import HubArgs
 from modules.network.nat_host import NatHostArgs
-from superkube.ipam import ScaleSetPlan, SubnetPlan
-from superkube.spec import NodePool
+from superkube.model.ipam import ScaleSetPlan, SubnetPlan
+from superkube.model.spec import NodePool
 from tests.conftest import EXAMPLE_KEY
 
 LOGIN = {"admin_username": "superkube", "ssh_public_key": EXAMPLE_KEY}

@@ -6,9 +6,9 @@ import ipaddress
 
 import pytest
 
-from superkube import cloudinit
-from superkube.checks import TAGLESS_TYPES
-from superkube.plan import Plan, Resource
+from superkube.cluster import cloudinit
+from superkube.plan.checks import TAGLESS_TYPES
+from superkube.plan.engine import Plan, Resource
 
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 VM = "azure-native:compute:VirtualMachine"
@@ -146,8 +146,8 @@ def test_autoscaler_tags_let_every_pool_scale_from_zero(any_plan: Plan) -> None:
 
 
 def test_pool_minimum_is_split_over_its_scale_sets(flagship_plan: Plan) -> None:
-    from superkube.ipam import plan_addresses
-    from superkube.spec import from_config
+    from superkube.model.ipam import plan_addresses
+    from superkube.model.spec import from_config
 
     config = {k.partition(":")[2]: v for k, v in flagship_plan.config.items()}
     config["node_pools"] = (
@@ -276,7 +276,7 @@ def test_control_plane_never_on_gpu_sizes_and_nodes_only_in_the_spoke(any_plan: 
 
 def test_every_machines_role_tag_is_an_inventory_group(any_plan: Plan) -> None:
     """The tag the program writes is what the inventory groups hosts by: one list, kube.MACHINE_GROUPS."""
-    from superkube.kube import MACHINE_GROUPS
+    from superkube.cluster.kube import MACHINE_GROUPS
 
     machines = any_plan.of_type("azure-native:compute:VirtualMachine") + any_plan.of_type(VMSS)
     roles = {m.inputs["tags"]["superkube-role"] for m in machines}

@@ -20,10 +20,18 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from superkube import monitoring
-from superkube import plan as planning
 from superkube.cli import app
-from superkube.kube import APISERVERS, CPU_NODES, ETCD_EVENTS, ETCD_MAIN, GPU_NODES, NAT_HOST, apiserver_url
+from superkube.cluster import monitoring
+from superkube.cluster.kube import (
+    APISERVERS,
+    CPU_NODES,
+    ETCD_EVENTS,
+    ETCD_MAIN,
+    GPU_NODES,
+    NAT_HOST,
+    apiserver_url,
+)
+from superkube.plan import engine as planning
 from tests.conftest import ROOT
 
 TOOLS = monitoring.ROOT / ".tools" / "bin"

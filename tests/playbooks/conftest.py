@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from superkube import checks, inventory, wiring
-from superkube.plan import Plan
+from superkube.cluster import inventory, wiring
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from superkube import kube, wiring
-from superkube.plan import Plan
+from superkube.cluster import kube, wiring
+from superkube.plan.engine import Plan
 from tests.monitoring.test_prometheus import checkable, promtool
 
 PARTS = ("vmstorage", "vminsert", "vmselect")

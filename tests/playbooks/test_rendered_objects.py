@@ -10,8 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from superkube import wiring
-from superkube.plan import Plan
+from superkube.cluster import wiring
+from superkube.plan.engine import Plan
 from tests.playbooks.test_flag_filters import ALL_KNOWN, flags_module
 
 VERSION = "1.35"
@@ -73,7 +73,7 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
 def test_cloud_inits_registration_flags_are_kubelet_flags(flagship_plan: Plan) -> None:
     import shlex
 
-    from superkube import cloudinit
+    from superkube.cluster import cloudinit
 
     for vmss in flagship_plan.of_type("azure-native:compute:VirtualMachineScaleSet"):
         files = cloudinit.decode(vmss.inputs["virtualMachineProfile"]["osProfile"]["customData"])[

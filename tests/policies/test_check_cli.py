@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from policies.rules import ALL_RULES
 from superkube.cli import app
-from superkube.plan import Plan
+from superkube.plan.engine import Plan
 from tests.policies import mutations as m
 
 

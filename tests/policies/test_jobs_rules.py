@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from policies.rules import jobs as job_rules
-from superkube import checks, jobs
-from superkube.plan import Plan
+from superkube.cluster import jobs
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 from tests.conftest import ROOT
 from tests.policies.test_platform import fired
 

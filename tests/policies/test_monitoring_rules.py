@@ -13,8 +13,8 @@ import yaml
 
 from policies.rules import ALL_RULES
 from policies.rules import monitoring as monitoring_rules
-from superkube import checks
-from superkube.plan import Plan
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 
 Bundle = dict[str, Any]
 MONITORING = {r.name for r in monitoring_rules.RULES}

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from policies.rules import ALL_RULES
-from superkube import checks
-from superkube.plan import Plan
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 from tests.policies import mutations as m
 
 SCENARIOS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [

@@ -16,8 +16,8 @@ import pytest
 from pulumi_policy.policy import PolicyResource, PolicyResourceOptions, StackValidationArgs
 
 from policies.rules import ALL_RULES
-from superkube import checks
-from superkube.plan import Plan
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 from tests.policies import mutations as m
 
 

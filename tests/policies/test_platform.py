@@ -12,8 +12,8 @@ import pytest
 
 from policies.rules import ALL_RULES
 from policies.rules import platform as platform_rules
-from superkube import checks
-from superkube.plan import Plan
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 from tests.policies import mutations as m
 
 Doc = dict[str, Any]

@@ -10,9 +10,9 @@ import pytest
 
 from policies.rules import ALL_RULES
 from policies.rules.network import ips_by_vnet
-from superkube import checks
-from superkube import plan as planning
-from superkube.plan import Plan
+from superkube.plan import checks
+from superkube.plan import engine as planning
+from superkube.plan.engine import Plan
 from tests.conftest import ROOT
 
 
@@ -69,7 +69,7 @@ def test_remediations_name_only_settings_that_exist() -> None:
     """A fix that says `set superkube:<key>` must name a key the spec has."""
     import re
 
-    from superkube.spec import CONFIG_KEYS
+    from superkube.model.spec import CONFIG_KEYS
 
     for rule in ALL_RULES:
         for key in re.findall(r"superkube:([a-z_]+)", rule.remediation):

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from policies.rules import wiring as wiring_rules
-from superkube import checks
-from superkube.plan import Plan
+from superkube.plan import checks
+from superkube.plan.engine import Plan
 from tests.policies import mutations as m
 
 Doc = dict[str, Any]

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
-from superkube import report
-from superkube.ipam import AZURE_LIMITS, prefix_for, split_pool
-from superkube.plan import Plan
+from superkube.model.ipam import AZURE_LIMITS, prefix_for, split_pool
+from superkube.plan import report
+from superkube.plan.engine import Plan
 
 SUBNET = "azure-native:network:Subnet"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"

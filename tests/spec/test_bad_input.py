@@ -234,7 +234,7 @@ def test_a_pattern_error_shows_the_pattern_verbatim_and_says_it_in_words(
 
 
 def test_every_pattern_of_the_spec_is_said_in_words() -> None:
-    from superkube.spec import PATTERN_WORDS, ClusterSpec, NodePool
+    from superkube.model.spec import PATTERN_WORDS, ClusterSpec, NodePool
 
     patterns = {
         m.pattern
@@ -334,8 +334,8 @@ SUGGESTING = [
 
 @pytest.mark.parametrize(("changes", "stack"), [c[1:] for c in SUGGESTING], ids=[c[0] for c in SUGGESTING])
 def test_a_suggested_fix_itself_plans(changes: dict[str, Any], stack: str) -> None:
-    from superkube.ipam import plan_addresses
-    from superkube.spec import SpecError, from_config
+    from superkube.model.ipam import plan_addresses
+    from superkube.model.spec import SpecError, from_config
 
     config = dict(yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"])
     for key, value in changes.items():

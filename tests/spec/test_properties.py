@@ -11,10 +11,10 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from superkube import plan as planning
-from superkube import vmsizes
-from superkube.ipam import AddressPlan, plan_addresses
-from superkube.spec import CONFIG_KEYS, SpecError, from_config
+from superkube.model import vmsizes
+from superkube.model.ipam import AddressPlan, plan_addresses
+from superkube.model.spec import CONFIG_KEYS, SpecError, from_config
+from superkube.plan import engine as planning
 from tests.conftest import EXAMPLE_KEY, ROOT
 
 SETTINGS = settings(

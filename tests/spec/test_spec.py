@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from superkube import schema
-from superkube.plan import read_stack_config
-from superkube.spec import CONFIG_KEYS, ClusterSpec
+from superkube.model.spec import CONFIG_KEYS, ClusterSpec
+from superkube.plan import schema
+from superkube.plan.engine import read_stack_config
 
 
 def test_pulumi_yaml_is_generated_from_the_spec(root: Path) -> None:

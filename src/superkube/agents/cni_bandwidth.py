@@ -14,7 +14,7 @@ fills in the node pool's default egress rate (`defaultEgressRate`, bits/s) for p
 none, and hands the result to the standard `bandwidth` plugin found on CNI_PATH, which does the
 shaping (ifb device, tbf) and its own clean-up on DEL.
 
-Standard library only: it runs on nodes as a CNI plugin, and `superkube.spec` reuses `parse_rate`.
+Standard library only: it runs on nodes as a CNI plugin, and `superkube.model.spec` reuses `parse_rate`.
 """
 
 from __future__ import annotations

@@ -311,7 +311,7 @@ FIGURES: tuple[tuple[Figure, str, str, str], ...] = (
 
 
 def _gpu_model(vm_size: str) -> str:
-    from superkube import vmsizes
+    from superkube.model import vmsizes
 
     try:
         return vmsizes.size(vm_size, "vm_size").gpu_model

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from superkube.cloudinit import POOL_LABEL
+from superkube.cluster.cloudinit import POOL_LABEL
 
 EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects (nodes) live
 MAX_MESSAGE = 1024  # the API server caps an Event's message at this many bytes

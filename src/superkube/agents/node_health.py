@@ -52,8 +52,8 @@ from superkube.agents.kubeapi import (
     run_agent,
     stamp,
 )
-from superkube.kube import NODE_AGENTS_METRICS_PORT
-from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-node-health"
 ANNOTATION = "superkube.io/health-cordoned"  # the reason; marks the nodes this agent cordoned

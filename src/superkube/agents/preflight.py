@@ -47,8 +47,8 @@ from superkube.agents.kubeapi import (
     run_agent,
     stamp,
 )
-from superkube.kube import PREFLIGHT_METRICS_PORT
-from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.cluster.kube import PREFLIGHT_METRICS_PORT
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-preflight"
 RESULT_ANNOTATION = f"{PREFLIGHT_TAINT_KEY}-result"

@@ -27,9 +27,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from superkube import teams
 from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, serve
-from superkube.kube import TEAM_TAINTS_METRICS_PORT
+from superkube.cluster.kube import TEAM_TAINTS_METRICS_PORT
+from superkube.model import teams
 
 COMPONENT = "superkube-team-taints"
 log = logging.getLogger(COMPONENT)

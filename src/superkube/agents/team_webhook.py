@@ -31,8 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from superkube import teams
-from superkube.kube import TEAM_WEBHOOK_PORT
+from superkube.cluster.kube import TEAM_WEBHOOK_PORT
+from superkube.model import teams
 
 COMPONENT = "superkube-team-webhook"
 REVIEW_API = "admission.k8s.io/v1"

@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from superkube import diagram, report
-from superkube.kube import APISERVER_PORT
-from superkube.spec import SpecError
+from superkube.cluster.kube import APISERVER_PORT
+from superkube.model.spec import SpecError
+from superkube.plan import diagram, report
 
 app = typer.Typer(
     name="superkube",
@@ -54,7 +54,7 @@ def fail(message: str, code: int = USER_ERROR) -> NoReturn:
 
 
 def _project(project: Path | None) -> Path:
-    from superkube.plan import find_project
+    from superkube.plan.engine import find_project
 
     return project.resolve() if project else find_project()
 
@@ -93,7 +93,7 @@ def _check_writable(path: Path | None, option: str) -> None:
 
 def _planned(stack: str, project: Path | None) -> Any:
     """Plan a stack under the mock engine with a spinner; a bad stack or program is one line and exit."""
-    from superkube import plan as planning
+    from superkube.plan import engine as planning
 
     try:
         root = _project(project)
@@ -149,7 +149,7 @@ def _rate(bits: int) -> str:
 
 
 def _print_plan(result: object, document: dict[str, object]) -> None:
-    from superkube.plan import Plan
+    from superkube.plan.engine import Plan
 
     assert isinstance(result, Plan)
     a = result.addresses
@@ -264,8 +264,8 @@ def _load_plan_document(path: Path) -> dict[str, Any]:
 
 def _stack_report_inputs(stack: str, plan_file: Path | None, project: Path | None) -> tuple[Any, ...]:
     """(view, spec, addresses, stack name, source path) for a stack or a saved plan."""
-    from superkube import checks
-    from superkube import plan as planning
+    from superkube.plan import checks
+    from superkube.plan import engine as planning
 
     root = _project(project)
     if plan_file is not None:
@@ -323,8 +323,8 @@ def check(
     project: ProjectOpt = None,
 ) -> None:
     """Evaluate every policy rule on the offline plan; exit 1 on any mandatory violation."""
-    from superkube import checks
-    from superkube import plan as planning
+    from superkube.plan import checks
+    from superkube.plan import engine as planning
 
     if plan_file is not None and stack is not None:
         fail(f"--plan {plan_file} and --stack {stack}: a saved plan names its own stack; give one of them")
@@ -379,7 +379,7 @@ def _print_rules(rules: list[Any]) -> None:
 
 
 def _print_report(report: Any) -> None:
-    from superkube import checks
+    from superkube.plan import checks
 
     table = Table(title=f"superkube check: {report.stack}", title_justify="left")
     for col in ("rule", "severity", "enforcement", "result"):
@@ -416,7 +416,7 @@ def render(
     project: ProjectOpt = None,
 ) -> None:
     """Write the in-cluster layer's Kubernetes objects as YAML, each checked against its official schema."""
-    from superkube import render as rendering
+    from superkube.plan import render as rendering
 
     if out_dir is not None:
         if out_dir.exists() and not out_dir.is_dir():
@@ -458,8 +458,8 @@ def policy_config(
     project: ProjectOpt = None,
 ) -> None:
     """Write the CrossGuard policy-pack config for a stack (for `pulumi preview --policy-pack-config`)."""
-    from superkube import checks
-    from superkube import plan as planning
+    from superkube.plan import checks
+    from superkube.plan import engine as planning
 
     try:
         root = _project(project)
@@ -486,7 +486,7 @@ app.add_typer(lab_app, name="lab")
 
 
 def _lab_call(fn: Any, *args: Any) -> Any:
-    from superkube import lab
+    from superkube.lab import hosts as lab
 
     try:
         return fn(*args)
@@ -509,7 +509,7 @@ def lab_up(
     """Build (once) the base image, then boot the hosts and write the Ansible inventory."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from superkube import lab
+    from superkube.lab import hosts as lab
 
     with Progress(
         TextColumn("{task.description:<48}"), BarColumn(), TimeElapsedColumn(), console=err, transient=False
@@ -524,7 +524,7 @@ def lab_up(
 @lab_app.command("status")
 def lab_status(output: Annotated[Output, typer.Option("--output", "-o")] = Output.table) -> None:
     """Show every host: group, address, running, reachable over SSH."""
-    from superkube import lab
+    from superkube.lab import hosts as lab
 
     state = _lab_call(lab.status)
     if output is Output.json:
@@ -552,7 +552,7 @@ def lab_status(output: Annotated[Output, typer.Option("--output", "-o")] = Outpu
 @lab_app.command("stop")
 def lab_stop(host: str) -> None:
     """Power one host off (its disk is kept)."""
-    from superkube import lab
+    from superkube.lab import hosts as lab
 
     _lab_call(lab.stop_host, host)
     out.print(f"{host} stopped")
@@ -561,7 +561,7 @@ def lab_stop(host: str) -> None:
 @lab_app.command("start")
 def lab_start(host: str) -> None:
     """Boot a stopped host again and wait until it is ready."""
-    from superkube import lab
+    from superkube.lab import hosts as lab
 
     _lab_call(lab.start_host, host)
     out.print(f"{host} started")
@@ -570,7 +570,7 @@ def lab_start(host: str) -> None:
 @lab_app.command("down")
 def lab_down() -> None:
     """Stop every host and remove every namespace, link, mount and state file (the image cache stays)."""
-    from superkube import lab
+    from superkube.lab import hosts as lab
 
     removed = _lab_call(lab.down)
     out.print(f"lab down: removed {len(removed)} things" if removed else "no lab was up")
@@ -597,7 +597,8 @@ def converge(
     """Run the playbooks over a fleet with a live view per host; exit 1 if any host failed."""
     from rich.live import Live
 
-    from superkube import fleet, lab
+    from superkube.fleet import converge as fleet
+    from superkube.lab import hosts as lab
 
     if inventory is None:
         inventory = lab.STATE_DIR / "inventory.yml"
@@ -668,8 +669,8 @@ def inventory(
     project: ProjectOpt = None,
 ) -> None:
     """Write the Azure dynamic-inventory config: hosts grouped by the role tags the program sets."""
-    from superkube import inventory as inv
-    from superkube import plan as planning
+    from superkube.cluster import inventory as inv
+    from superkube.plan import engine as planning
 
     if out_file is not None and not out_file.name.endswith(("azure_rm.yml", "azure_rm.yaml")):
         fail(f"--out {out_file}: the azure_rm plugin only reads files named *.azure_rm.yml; rename it")
@@ -695,7 +696,7 @@ def config_schema(
     project: ProjectOpt = None,
 ) -> None:
     """Print (or write, or check) Pulumi.yaml's config declarations, generated from the spec."""
-    from superkube import schema
+    from superkube.plan import schema
 
     text = schema.pulumi_yaml()
     root = _project(project)
@@ -705,7 +706,8 @@ def config_schema(
     elif check:
         if (root / "Pulumi.yaml").read_text() != text:
             fail(
-                "Pulumi.yaml is out of date with superkube.spec; run: superkube config-schema --write", code=1
+                "Pulumi.yaml is out of date with superkube.model.spec; run: superkube config-schema --write",
+                code=1,
             )
         out.print("Pulumi.yaml matches the spec")
     else:
@@ -738,7 +740,8 @@ def etcd_status(
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
     """Members, health, leader and DB size of the main and events clusters, as each member reports."""
-    from superkube import fleet, lab
+    from superkube.fleet import converge as fleet
+    from superkube.lab import hosts as lab
 
     if inventory is None:
         inventory = lab.STATE_DIR / "inventory.yml"
@@ -801,8 +804,8 @@ def monitoring_render(
     """Write each Prometheus shard's configuration and the alert and recording rules, from the spec."""
     import tempfile
 
-    from superkube import monitoring
-    from superkube import plan as planning
+    from superkube.cluster import monitoring
+    from superkube.plan import engine as planning
 
     if out_dir is not None:
         if out_dir.exists() and not out_dir.is_dir():
@@ -881,8 +884,8 @@ def job_render(
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
     """Write the MPIJob for a job description, checked against the MPIJob CRD and the pod schema."""
-    from superkube import jobs
-    from superkube import plan as planning
+    from superkube.cluster import jobs
+    from superkube.plan import engine as planning
 
     try:
         job = jobs.load(job_file)
@@ -896,10 +899,6 @@ def job_render(
     if output is Output.json:
         sys.stdout.write(json.dumps(mpijob, indent=2) + "\n")
     else:
-        from superkube.render import to_yaml
+        from superkube.plan.render import to_yaml
 
         sys.stdout.write(to_yaml([mpijob]))
-
-
-if __name__ == "__main__":
-    main()

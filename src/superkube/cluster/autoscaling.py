@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
-from superkube.spec import ClusterSpec
+from superkube.model.spec import ClusterSpec
 
 VERSION = "1.35.2"
 """cluster-autoscaler release, matched to the cluster's Kubernetes minor (its release policy)."""
 IMAGE = f"registry.k8s.io/autoscaling/cluster-autoscaler:v{VERSION}"
-FLAGS = Path(__file__).resolve().parents[2] / "data" / "cluster-autoscaler" / f"{VERSION}.flags"
+FLAGS = Path(__file__).resolve().parents[3] / "data" / "cluster-autoscaler" / f"{VERSION}.flags"
 NODE_TEMPLATE = "k8s.io_cluster-autoscaler_node-template"
 """Prefix of the scale-from-zero template tags (labels, taints, resources) on a scale set."""
 EXPENDABLE_CUTOFF = -10

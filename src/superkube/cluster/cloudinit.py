@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from superkube.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
 
 PREFLIGHT_PENDING = "pending"  # the preflight taint's and label's value until the node passes
 PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}:NoSchedule"

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRDS = ROOT / "data" / "crds"
 RELEASES = ROOT / "playbooks" / "roles" / "kube_component" / "vars"
 

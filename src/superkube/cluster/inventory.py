@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from superkube import kube
-from superkube.ipam import AddressPlan
-from superkube.spec import ClusterSpec
+from superkube.cluster import kube
+from superkube.model.ipam import AddressPlan
+from superkube.model.spec import ClusterSpec
 
 
 def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:

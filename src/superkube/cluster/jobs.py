@@ -29,10 +29,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from superkube import gang, teams, vmsizes
-from superkube.cloudinit import POOL_LABEL
-from superkube.kube import GPU_RESOURCE
-from superkube.spec import ClusterSpec, NodePool
+from superkube.cluster import gang
+from superkube.cluster.cloudinit import POOL_LABEL
+from superkube.cluster.kube import GPU_RESOURCE
+from superkube.model import teams, vmsizes
+from superkube.model.spec import ClusterSpec, NodePool
 
 _NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 
@@ -251,7 +252,7 @@ def pod_group_problems(mpijob: Mapping[str, Any]) -> list[str]:
 
 def problems(mpijob: dict[str, Any], kubernetes_version: str) -> list[str]:
     """Schema problems of an MPIJob (its CRD's) and of each template (the official Pod schema)."""
-    from superkube import render as objects
+    from superkube.plan import render as objects
 
     out = [str(p) for p in objects.validate(mpijob, kubernetes_version, "job")]
     for role, replica in sorted(((mpijob.get("spec") or {}).get("mpiReplicaSpecs") or {}).items()):

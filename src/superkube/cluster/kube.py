@@ -10,9 +10,9 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from superkube.cloudinit import BOOTSTRAP_KUBECONFIG, REGISTRATION_FILE
-from superkube.ipam import AddressPlan
-from superkube.spec import ClusterSpec, NodePool
+from superkube.cluster.cloudinit import BOOTSTRAP_KUBECONFIG, REGISTRATION_FILE
+from superkube.model.ipam import AddressPlan
+from superkube.model.spec import ClusterSpec, NodePool
 
 APISERVER_PORT = 6443
 ETCD_CLIENT_PORT = 2379

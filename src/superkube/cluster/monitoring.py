@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from superkube.kube import (
+from superkube.cluster.kube import (
     APISERVER_PORT,
     APISERVERS,
     CPU_NODES,
@@ -43,7 +43,7 @@ from superkube.kube import (
     metrics_store_write_urls,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "data" / "monitoring" / "rules.yml"
 RULE_TESTS = ROOT / "data" / "monitoring" / "tests"
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import jsonschema
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "kubernetes"
+DATA = Path(__file__).resolve().parents[3] / "data" / "kubernetes"
 KINDS = {
     "KubeletConfiguration": "kubelet-config.v1beta1",
     "KubeProxyConfiguration": "kube-proxy-config.v1alpha1",

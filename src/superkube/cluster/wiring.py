@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+PLAYBOOKS = Path(__file__).resolve().parents[3] / "playbooks"
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 NIC = "azure-native:network:NetworkInterface"

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+PLAYBOOKS = Path(__file__).resolve().parents[3] / "playbooks"
 Settings = Literal["superkube", "stock"]
 
 

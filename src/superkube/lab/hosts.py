@@ -5,7 +5,7 @@ Layout (nothing is added to the machine's own network namespace):
     netns sklab-switch: bridge `br0`, routing between the lab's subnets, one address per subnet
       (the .1 gateway, as in Azure) -- this is also where SSH to the hosts starts from; like the
       VNet fabric it routes each node's secondary (pod) IPs to that node and answers instance
-      metadata on 169.254.169.254 (superkube.imds, documents built from the plan's NICs and tags)
+      metadata on 169.254.169.254 (superkube.lab.imds, documents built from the plan's NICs and tags)
     netns sklab-<host>: `eth0` (a veth into the bridge) with the host's address, default route
       via the gateway; systemd-nspawn boots the host inside it (--register=no --keep-unit)
     root: an overlay per host (its own upper dir over one cached, debootstrapped base image)
@@ -35,9 +35,8 @@ from typing import Any
 
 import yaml
 
-from superkube.inventory import cluster_facts
-from superkube.ipam import FIRST_HOST_OFFSET
-from superkube.kube import (
+from superkube.cluster.inventory import cluster_facts
+from superkube.cluster.kube import (
     APISERVERS,
     CPU_NODES,
     ETCD_EVENTS,
@@ -47,6 +46,7 @@ from superkube.kube import (
     MONITORING,
     NAT_HOST,
 )
+from superkube.model.ipam import FIRST_HOST_OFFSET
 
 PREFIX = "sklab"
 SWITCH = f"{PREFIX}-switch"
@@ -316,7 +316,7 @@ def _groups_of(nodes: int | dict[str, int]) -> list[str]:
 
 def layout(nodes: int | dict[str, int]) -> tuple[list[Host], list[str], dict[str, Any]]:
     """Hosts placed by the flagship stack's address plan: (hosts, routed subnets, network facts)."""
-    from superkube import plan as planning
+    from superkube.plan import engine as planning
 
     nodes = parse_hosts(nodes) if not isinstance(nodes, dict) else nodes
     root = planning.find_project()
@@ -438,7 +438,7 @@ def _start_imds(lab: Lab) -> None:
     docs = Path(lab.state_dir) / "imds.json"
     docs.write_text(json.dumps(imds_documents(lab), indent=2))
     launcher = 'exec "$@" >>"$SUPERKUBE_LAB_LOG" 2>&1 </dev/null &\necho $!'
-    command = ["ip", "netns", "exec", SWITCH, sys.executable, "-m", "superkube.imds", str(docs)]
+    command = ["ip", "netns", "exec", SWITCH, sys.executable, "-m", "superkube.lab.imds", str(docs)]
     subprocess.run(
         ["setsid", "sh", "-c", launcher, "sh", *command],
         capture_output=True,
@@ -468,8 +468,8 @@ def pool_facts(
     node (the custom data, decoded, so lab nodes register exactly as the plan's do), and what Azure
     would tell the node about itself: the scale set, its tags and how many secondary IPs its NIC
     configuration holds."""
-    from superkube import cloudinit
-    from superkube import plan as planning
+    from superkube.cluster import cloudinit
+    from superkube.plan import engine as planning
 
     recorded = planning.run(project or planning.find_project(), LAB_STACK)
     files_of: dict[str, dict[str, list[str]]] = {}
@@ -516,7 +516,7 @@ def assign_secondary_ips(hosts: list[Host], pools: dict[str, dict[str, Any]]) ->
 
 def imds_documents(lab: Lab) -> dict[str, dict[str, Any]]:
     """Each node host's instance metadata, from its pool's scale set in the plan."""
-    from superkube import imds
+    from superkube.lab import imds
 
     docs = {}
     for h in lab.hosts:

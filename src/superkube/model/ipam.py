@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
-from superkube.spec import NAMESPACE, ClusterSpec, NodePool, SpecError
+from superkube.model.spec import NAMESPACE, ClusterSpec, NodePool, SpecError
 
 # Azure's documented networking defaults ("networking limits"); a stack may raise one only with a
 # reason, in superkube:limit_overrides.

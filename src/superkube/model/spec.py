@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from superkube.agents.cni_bandwidth import parse_rate
-from superkube.teams import TeamsError, TeamTuple
-from superkube.teams import check as teams_check
+from superkube.model.teams import TeamsError, TeamTuple
+from superkube.model.teams import check as teams_check
 
 NAMESPACE = "superkube"
 KUBECONFIG_KEY = "kubernetes:kubeconfig"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from superkube.kube import GPU_RESOURCE
-from superkube.spec import ClusterSpec, SpecError
+from superkube.cluster.kube import GPU_RESOURCE
+from superkube.model.spec import ClusterSpec, SpecError
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "vm_sizes.yaml"
+DATA = Path(__file__).resolve().parents[3] / "data" / "vm_sizes.yaml"
 
 
 class UnknownVmSize(LookupError):

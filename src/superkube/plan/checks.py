@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from superkube.ipam import AZURE_LIMITS, AddressPlan
-from superkube.spec import NAMESPACE, ClusterSpec, PolicyOverride, SpecError
+from superkube.model.ipam import AZURE_LIMITS, AddressPlan
+from superkube.model.spec import NAMESPACE, ClusterSpec, PolicyOverride, SpecError
 
 Severity = Literal["critical", "high", "medium", "low"]
 Enforcement = Literal["mandatory", "advisory", "disabled"]
@@ -82,7 +82,7 @@ class RuleConfig:
     safe_join_rate_per_minute: int = 300
     autoscaler_enabled: bool = True
     # monitoring: every Prometheus shard's rendered config, the alert rules and their promtool tests
-    # (superkube.monitoring.bundle)
+    # (superkube.cluster.monitoring.bundle)
     monitoring: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -246,8 +246,8 @@ def rule_config(
     spec: ClusterSpec, addresses: AddressPlan, group_vars: Mapping[str, Any] | None = None
 ) -> RuleConfig:
     """The rules' config from a stack's validated spec and address plan."""
-    from superkube import monitoring
-    from superkube.inventory import azure_rm
+    from superkube.cluster import monitoring
+    from superkube.cluster.inventory import azure_rm
 
     return RuleConfig(
         inventory=azure_rm(spec, addresses),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from superkube.kube import APISERVER_PORT
+from superkube.cluster.kube import APISERVER_PORT
 
 BOX = "fill:#f7f9fc;stroke:#34495e;stroke-width:1.5"
 HUB = "fill:#eaf2fb;stroke:#2c6fbb;stroke-width:2"

@@ -27,10 +27,10 @@ from pulumi.runtime import settings
 from pulumi.runtime import stack as pulumi_stack
 from pulumi.runtime.sync_await import _sync_await
 
-from superkube import vmsizes
-from superkube.ipam import AddressPlan, plan_addresses
-from superkube.spec import KUBECONFIG_KEY, NAMESPACE, ClusterSpec, SpecError, from_config
-from superkube.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
+from superkube.model import vmsizes
+from superkube.model.ipam import AddressPlan, plan_addresses
+from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, ClusterSpec, SpecError, from_config
+from superkube.model.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
 
 PROJECT = "superkube"
 MOCK_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
@@ -150,7 +150,7 @@ class Plan:
         return dict(sorted(out.items()))
 
     def to_dict(self) -> dict[str, Any]:
-        from superkube.report import address_rows, capacity, limit_rows, topology
+        from superkube.plan.report import address_rows, capacity, limit_rows, topology
 
         return {
             "format": "superkube-plan/1",
@@ -176,7 +176,7 @@ def find_project(start: Path | None = None) -> Path:
         project_file = candidate / "Pulumi.yaml"
         if project_file.is_file() and _project_name(project_file) == PROJECT:
             return candidate
-    checkout = Path(__file__).resolve().parents[2]
+    checkout = Path(__file__).resolve().parents[3]
     if (checkout / "Pulumi.yaml").is_file():
         return checkout
     raise SpecError(

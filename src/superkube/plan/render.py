@@ -20,9 +20,9 @@ import jsonschema
 import kubernetes_validate.utils as kv_utils
 import yaml
 
-from superkube.plan import SECRET, Plan, Resource
+from superkube.plan.engine import SECRET, Plan, Resource
 
-CRDS = Path(__file__).resolve().parents[2] / "data" / "crds"
+CRDS = Path(__file__).resolve().parents[3] / "data" / "crds"
 _KIND = re.compile(r"(?<!^)(?=[A-Z])")
 
 

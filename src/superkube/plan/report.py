@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from superkube.agents.cni_config import EGRESS_TAG
-from superkube.ipam import AddressPlan
+from superkube.model.ipam import AddressPlan
 
 if TYPE_CHECKING:
-    from superkube.plan import Plan
+    from superkube.plan.engine import Plan
 
 
 def address_rows(plan: AddressPlan) -> list[dict[str, Any]]:

@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
-from superkube.spec import ARRAY_KEYS, YAML_KEYS, ClusterSpec
+from superkube.model.spec import ARRAY_KEYS, YAML_KEYS, ClusterSpec
 
 HEADER = """\
-# Generated from superkube.spec.ClusterSpec by `superkube config-schema --write`; edit the spec, not this.
+# Generated from superkube.model.spec.ClusterSpec by `superkube config-schema --write`; edit the spec, not this.
 # Pulumi types project config only as string, integer, boolean or array, so node_pools, peered_spokes
 # and limit_overrides are YAML documents held in strings (write `node_pools: |` in a stack file).
 """
