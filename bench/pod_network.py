@@ -32,8 +32,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from _lab import converged  # noqa: E402  (bench/ is the script's folder)
 
-from superkube.agents.cni_bandwidth import parse_rate  # noqa: E402
 from superkube.lab import hosts as lab  # noqa: E402
+from superkube.model.rates import parse_rate  # noqa: E402
 
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
 CNIRUN = "cd /root/cni && python3 cnirun.py"
@@ -76,7 +76,7 @@ def pod_ip(result: str) -> str:
 
 def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, Any]:
     for host in ("gpu-1", "gpu-2"):
-        for name in ("lab/cnirun.py", "agents/cni_bandwidth.py"):
+        for name in ("lab/cnirun.py", "model/rates.py"):
             lab.put(
                 the_lab, host, f"/root/cni/{Path(name).name}", (ROOT / "src" / "superkube" / name).read_text()
             )

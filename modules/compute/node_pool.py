@@ -9,12 +9,13 @@ import pulumi
 from pulumi_azure_native import compute
 
 from modules.common import child, image_reference, linux_ssh_only, require, tagged
-from superkube.agents.cni_config import EGRESS_TAG
 from superkube.cluster import cloudinit
 from superkube.cluster.autoscaling import discovery_tags, template_tag
-from superkube.cluster.kube import GPU_RESOURCE, pool_group
+from superkube.cluster.cloudinit import EGRESS_TAG
+from superkube.cluster.kube import pool_group
 from superkube.model.ipam import ScaleSetPlan
 from superkube.model.spec import NodePool as PoolSpec
+from superkube.model.vmsizes import GPU_RESOURCE
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,10 +33,10 @@ from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
-from superkube.cluster.kube import GPU_RESOURCE, NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
+from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.spec import NodePool as PoolSpec
-from superkube.model.vmsizes import VmSize
+from superkube.model.vmsizes import GPU_RESOURCE, VmSize
 
 COMPONENT = "node-health"
 HEALTH = "superkube-node-health"

@@ -10,8 +10,9 @@ import yaml
 
 from superkube.cluster.autoscaling import ENABLED_TAG, NAME_TAG, is_autoscaled, template_tag
 from superkube.cluster.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
-from superkube.cluster.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES, GPU_RESOURCE
+from superkube.cluster.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES
 from superkube.model.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
+from superkube.model.vmsizes import GPU_RESOURCE
 from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 VM = "azure-native:compute:VirtualMachine"

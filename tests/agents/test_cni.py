@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from superkube.agents import cni_bandwidth, cni_config
+from superkube.cluster import cloudinit
 from superkube.lab import imds
 from superkube.lab.cnirun import CRI_BURST, capabilities
+from superkube.model import rates
 
 DOC = imds.document(
     name="gpu-vmss_0",
@@ -212,13 +214,13 @@ def test_every_ip_of_a_nic_is_known_as_that_host() -> None:
     [("10M", 10**7), ("100M", 10**8), ("1G", 10**9), ("1.5G", 15 * 10**8), ("500Ki", 512_000), ("1k", 1000)],
 )
 def test_rates_read_as_the_kubelet_reads_the_annotation(text: str, bits: int) -> None:
-    assert cni_bandwidth.parse_rate(text) == bits
+    assert rates.parse_rate(text) == bits
 
 
 @pytest.mark.parametrize("text", ["10Mbps", "100m", "1", "2P", "", "M", "1e9"])
 def test_rates_the_kubelet_would_refuse_are_refused(text: str) -> None:
-    with pytest.raises(cni_bandwidth.RateError):
-        cni_bandwidth.parse_rate(text)
+    with pytest.raises(rates.RateError):
+        rates.parse_rate(text)
 
 
 def test_the_cri_burst_is_bounded_and_the_rate_kept() -> None:
@@ -274,3 +276,8 @@ def test_with_nothing_to_shape_the_plugin_passes_the_previous_result_on() -> Non
     )
     assert proc.returncode == 0, proc.stdout
     assert json.loads(proc.stdout) == prev
+
+
+def test_the_config_writer_reads_the_tag_the_plan_writes() -> None:
+    # cni_config runs alone on nodes, so it names the tag itself; the plan's name is cloudinit's
+    assert cni_config.EGRESS_TAG == cloudinit.EGRESS_TAG

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from superkube.agents import cni_bandwidth
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
+from superkube.model import rates
 from tests.lab.conftest import counters, deliver, sh
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "superkube"
@@ -36,7 +36,7 @@ def net(pod_network: lab.Lab) -> lab.Lab:
     )
     assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
     for host in NODES:
-        for name in ("lab/cnirun.py", "agents/cni_bandwidth.py"):
+        for name in ("lab/cnirun.py", "model/rates.py"):
             lab.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
     sh(pod_network, "internet", "iperf3 -s -D -p 5201 && iperf3 -s -D -p 5202")
     return pod_network
@@ -242,7 +242,7 @@ def test_an_egress_annotation_holds_the_pod_to_its_limit(net: lab.Lab, limit: st
         rate = iperf(net, "gpu-1", "shaped", seconds=5)
     finally:
         sh(net, "gpu-1", f"{CNIRUN} del shaped")
-    assert 0.9 <= rate / cni_bandwidth.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s"
+    assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s"
 
 
 def test_an_unshaped_pod_beside_a_shaped_one_is_not_held_back(net: lab.Lab) -> None:

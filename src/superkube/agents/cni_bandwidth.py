@@ -14,64 +14,30 @@ fills in the node pool's default egress rate (`defaultEgressRate`, bits/s) for p
 none, and hands the result to the standard `bandwidth` plugin found on CNI_PATH, which does the
 shaping (ifb device, tbf) and its own clean-up on DEL.
 
-Standard library only: it runs on nodes as a CNI plugin, and `superkube.model.spec` reuses `parse_rate`.
+Standard library only, one file: it runs on nodes as a CNI plugin. Rates reach it as whole bits per
+second (the CRI plugin converts the annotation; `cni_config` writes `defaultEgressRate` from the pool's
+tag); the annotation's grammar itself is `superkube.model.rates`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 PLUGIN = "bandwidth"  # the standard plugin this one hands over to
 BURST_SECONDS = Decimal("0.01")  # the bucket holds 10 ms of the rate ...
 MIN_BURST_BITS = 64 * 1024 * 8  # ... and never less than one 64 KiB GSO segment
-# the kubelet's own bounds for the bandwidth annotations (1 kbit/s to 1 Pbit/s)
-MIN_RATE = 1_000
-MAX_RATE = 10**15
-
-_SUFFIX = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-}
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 
 
-class RateError(ValueError):
-    """A rate that is not a Kubernetes quantity of bits per second in the kubelet's range."""
-
-
-def parse_rate(text: str | int) -> int:
-    """A bandwidth quantity as the kubelet reads the annotation ("10M", "1G", "500Ki") -> bits/s."""
-    raw = str(text).strip()
-    match = _QUANTITY.match(raw)
-    if not match or match.group(2) not in _SUFFIX:
-        unit = match.group(2) if match else ""
-        hint = " ('m' means milli; write M for mega)" if unit == "m" else ""
-        raise RateError(
-            f"{raw!r} is not a rate{hint}; write bits per second as a Kubernetes quantity "
-            "such as 10M, 500M, 1G or 2Gi"
-        )
-    try:
-        value = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except InvalidOperation:
-        raise RateError(f"{raw!r} is not a number of bits per second") from None
-    bits = int(value.to_integral_value(rounding=ROUND_CEILING))
-    if not MIN_RATE <= bits <= MAX_RATE:
-        raise RateError(f"{raw!r} is outside 1k to 1P bits per second (the kubelet's bounds)")
-    return bits
+def whole_rate(value: Any) -> int:
+    """`defaultEgressRate` as the config writer writes it: a whole, positive number of bits/s."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) == 0:
+        raise ValueError(f"{value!r} is not a rate: defaultEgressRate is a whole number of bits per second")
+    return int(text)
 
 
 def bounded_burst(rate: int) -> int:
@@ -133,9 +99,9 @@ def main() -> int:
         return 0
     try:
         if conf.get("defaultEgressRate") is not None:
-            conf["defaultEgressRate"] = parse_rate(conf["defaultEgressRate"])
+            conf["defaultEgressRate"] = whole_rate(conf["defaultEgressRate"])
         forwarded = shaped(conf)
-    except (RateError, TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:
         return _error(conf, 7, f"superkube-bandwidth: {exc}")
     if os.environ.get("CNI_COMMAND") == "ADD" and "bandwidth" not in forwarded.get("runtimeConfig", {}):
         # nothing to shape: a chained plugin with nothing to do passes the previous result on

@@ -37,7 +37,9 @@ from typing import Any
 IMDS = "http://169.254.169.254/metadata/instance"
 API_VERSION = "2021-02-01"
 NETWORK_NAME = "superkube"
-EGRESS_TAG = "superkube-egress-limit"  # bits/s, written by the plan on the pool's scale sets
+EGRESS_TAG = (
+    "superkube-egress-limit"  # bits/s: superkube.cluster.cloudinit.EGRESS_TAG (a test holds them equal)
+)
 DEFAULT_OUT = "/etc/cni/net.d/10-superkube.conflist"
 DEFAULT_DATA_DIR = "/run/superkube/cni/networks"  # tmpfs: allocations end with the boot
 

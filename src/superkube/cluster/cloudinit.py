@@ -37,6 +37,9 @@ POOL_LABEL = "superkube.io/pool"
 """The node label naming a node's pool: balloons, the autoscaler's templates and policies select on it."""
 ROLE_LABEL = "superkube.io/role"
 """The node label naming a node's role (gpu or cpu)."""
+EGRESS_TAG = "superkube-egress-limit"
+"""The scale-set tag carrying a pool's default pod egress limit (bits/s); a node reads it from its
+instance metadata (`superkube.agents.cni_config`, which runs alone on nodes, keeps the same name)."""
 JITTER_COMMAND = "shuf -i 0-{seconds} -n 1"
 _JITTER = re.compile(r"shuf -i 0-(\d+) -n 1")
 

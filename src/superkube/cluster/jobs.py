@@ -31,9 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from superkube.cluster import gang
 from superkube.cluster.cloudinit import POOL_LABEL
-from superkube.cluster.kube import GPU_RESOURCE
 from superkube.model import teams, vmsizes
 from superkube.model.spec import ClusterSpec, NodePool
+from superkube.model.vmsizes import GPU_RESOURCE
 
 _NAME = re.compile(r"^[a-z]([a-z0-9-]{0,38}[a-z0-9])?$")
 

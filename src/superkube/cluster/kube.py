@@ -132,10 +132,6 @@ def team_webhook_dns_names() -> list[str]:
     return [base, f"{base}.{CLUSTER_DOMAIN}"]
 
 
-GPU_RESOURCE = "nvidia.com/gpu"
-"""The extended resource NVIDIA's device plugin advertises, which pods request and templates declare."""
-
-
 # API Priority and Fairness: the nominalConcurrencyShares of the priority levels every API server
 # creates itself (k8s.io/apiserver's flowcontrol bootstrap: the mandatory catch-all and the suggested
 # levels). A level of ours gets shares / (sum of all shares) of the server's concurrency limit,

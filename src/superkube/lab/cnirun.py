@@ -10,7 +10,7 @@ shape) for DEL, which runs the plugins in reverse with the cached result. A fail
 with DEL, as the CRI plugin does. The `kubernetes.io/egress-bandwidth` annotation becomes the
 `bandwidth` capability as the CRI plugin writes it: the rate in bits/s and a burst of 2**32 - 1.
 
-Standard library only: it is copied to lab hosts (beside cni_bandwidth.py) and run there as root.
+Standard library only: it is copied to lab hosts (beside superkube/model/rates.py) and run there as root.
 
     cnirun.py add POD [--egress 10M] [--port 8080:80] [--conflist F]   -> the result JSON
     cnirun.py del POD [--conflist F]
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from superkube.agents.cni_bandwidth import parse_rate
-except ImportError:  # on a lab host, beside cni_bandwidth.py
-    from cni_bandwidth import parse_rate
+    from superkube.model.rates import parse_rate
+except ImportError:  # on a lab host, beside rates.py
+    from rates import parse_rate  # type: ignore[no-redef]
 
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
 CACHE = Path("/var/lib/cni/results")

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from superkube.agents.cni_bandwidth import parse_rate
+from superkube.model.rates import parse_rate
 from superkube.model.teams import TeamsError, TeamTuple
 from superkube.model.teams import check as teams_check
 

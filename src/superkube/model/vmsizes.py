@@ -8,10 +8,12 @@ from pathlib import Path
 
 import yaml
 
-from superkube.cluster.kube import GPU_RESOURCE
 from superkube.model.spec import ClusterSpec, SpecError
 
 DATA = Path(__file__).resolve().parents[3] / "data" / "vm_sizes.yaml"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource NVIDIA's device plugin advertises, which pods request and templates declare."""
 
 
 class UnknownVmSize(LookupError):

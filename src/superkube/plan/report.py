@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from superkube.agents.cni_config import EGRESS_TAG
+from superkube.cluster.cloudinit import EGRESS_TAG
 from superkube.model.ipam import AddressPlan
+from superkube.model.spec import ClusterSpec
 
-if TYPE_CHECKING:
-    from superkube.plan.engine import Plan
+
+class PlannedStack(Protocol):
+    """What these views read of a plan (`superkube.plan.engine.Plan`, which imports this module)."""
+
+    spec: ClusterSpec
+    addresses: AddressPlan
+
+    def of_type(self, type_: str) -> list[Any]: ...
 
 
 def address_rows(plan: AddressPlan) -> list[dict[str, Any]]:
@@ -66,7 +73,7 @@ def capacity(plan: AddressPlan) -> dict[str, int]:
     return dict(plan.capacity)
 
 
-def topology(plan: Plan) -> dict[str, Any]:
+def topology(plan: PlannedStack) -> dict[str, Any]:
     """Hub, spoke, pools and scale sets, read back from the recorded resources."""
     a = plan.addresses
     peerings = [
