@@ -19,8 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
+from superkube.cluster import render  # noqa: E402
 from superkube.plan import engine as planning  # noqa: E402
-from superkube.plan import render  # noqa: E402
+from superkube.plan import layer  # noqa: E402
 
 REPEATS = 7
 
@@ -31,8 +32,8 @@ def main() -> None:
     version = result.spec.kubernetes_version
 
     def render_and_validate(out: Path) -> int:
-        objs = render.objects(result)
-        assert render.problems(result, version) == []
+        objs = layer.objects(result)
+        assert layer.problems(result, version) == []
         for component, docs in objs.items():
             (out / f"{component}.yaml").write_text(render.to_yaml(docs))
         return sum(len(d) for d in objs.values())

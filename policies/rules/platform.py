@@ -81,7 +81,7 @@ def _component(r: PlanResource) -> str | None:
 
 
 def _schema_valid(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    from superkube.plan import render
+    from superkube.cluster import render
 
     for r in _objects(view):
         obj = {"apiVersion": r.props.get("apiVersion"), "kind": _kind(r), **r.props}

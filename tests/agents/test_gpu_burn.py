@@ -23,8 +23,8 @@ from superkube.agents import gpu_burn, gpu_probe, gpu_test
 from superkube.agents import node_health as nh
 from superkube.agents import preflight as pf
 from superkube.cli import app
+from superkube.cluster import render
 from superkube.model import vmsizes
-from superkube.plan import render
 from tests.agents.test_node_health import PODS, READINGS, Api, node, run_agent
 from tests.agents.test_preflight import admits as preflight_admits
 from tests.agents.test_preflight import apply

@@ -23,8 +23,8 @@ import yaml
 
 from superkube.agents import gpu_probe, kubeapi
 from superkube.agents import node_health as nh
+from superkube.cluster import render
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from superkube.plan import render
 
 READINGS = Path(__file__).parent / "readings"
 VERSION = "1.35.0"

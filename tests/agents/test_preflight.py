@@ -16,8 +16,8 @@ import pytest
 from modules.platform import node_health as component
 from superkube.agents import gpu_probe
 from superkube.agents import preflight as pf
+from superkube.cluster import render
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from superkube.plan import render
 from tests.agents.test_node_health import PODS, READINGS, Api, node, run_agent
 
 VERSION = "1.35.0"

@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from superkube.agents import team_webhook
+from superkube.cluster import render
 from superkube.model import teams
-from superkube.plan import render
 from tests.tls import issue
 
 VERSION = "1.35.0"

@@ -14,10 +14,10 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from superkube.cluster import gang, jobs
+from superkube.cluster import gang, jobs, render
 from superkube.model import teams, vmsizes
 from superkube.plan import engine as planning
-from superkube.plan import render
+from superkube.plan import layer
 from superkube.plan.engine import Plan
 from tests.conftest import ROOT
 
@@ -27,7 +27,7 @@ PODGROUP_STATUS_V1ALPHA1 = {"phase", "occupiedBy", "running", "succeeded", "fail
 
 
 def of_kind(plan: Plan, kind: str, component: str = "gang-scheduling") -> list[dict[str, Any]]:
-    return [o for o in render.objects(plan).get(component, []) if o["kind"] == kind]
+    return [o for o in layer.objects(plan).get(component, []) if o["kind"] == kind]
 
 
 def deployment(plan: Plan, name: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from superkube.model import vmsizes
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.teams import TEAM_KEY
 from superkube.plan import engine as planning
-from superkube.plan import render
+from superkube.plan import layer
 from superkube.plan.engine import Plan
 from tests.conftest import ROOT, dev_config
 
@@ -26,7 +26,7 @@ VMSS = "azure-native:compute:VirtualMachineScaleSet"
 
 
 def of_kind(plan: Plan, kind: str) -> list[dict[str, Any]]:
-    return [o for objs in render.objects(plan).values() for o in objs if o["kind"] == kind]
+    return [o for objs in layer.objects(plan).values() for o in objs if o["kind"] == kind]
 
 
 def named(plan: Plan, kind: str, name: str) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def autoscaler_flags(plan: Plan) -> dict[str, str]:
 
 
 def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
-    by_component = render.objects(any_plan)
+    by_component = layer.objects(any_plan)
     assert set(by_component) == {
         "foundation",
         "node-join-flow",
@@ -51,7 +51,7 @@ def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
         "gang-scheduling",
         "team-capacity",
     }
-    assert render.problems(any_plan, any_plan.spec.kubernetes_version) == []
+    assert layer.problems(any_plan, any_plan.spec.kubernetes_version) == []
 
 
 def test_the_plan_json_carries_each_objects_full_manifest(any_plan: Plan) -> None:
@@ -179,7 +179,7 @@ def test_without_the_in_cluster_layer_there_are_no_kubernetes_objects(
     config = dev_config()
     config["in_cluster_layer"] = False
     plan = planning.run(ROOT, str(write_stack(config)))
-    assert render.objects(plan) == {}
+    assert layer.objects(plan) == {}
     assert not [r for r in plan.resources if r.type == "pulumi:providers:kubernetes"]
     assert plan.of_type("azure-native:managedidentity:UserAssignedIdentity"), "the Azure side is unchanged"
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from modules.platform import balloons
 from superkube.cli import app
-from superkube.plan import render
+from superkube.cluster import render
+from superkube.plan import layer
 from tests.conftest import dev_config
 
 
@@ -170,7 +171,7 @@ def test_custom_resources_are_checked_against_their_crd(
 
 def test_objects_come_in_an_order_they_can_be_applied_in(any_plan: Any) -> None:
     seen_namespaces: set[str] = {"kube-system", "default"}
-    for objs in render.objects(any_plan).values():
+    for objs in layer.objects(any_plan).values():
         for obj in objs:
             ns = obj["metadata"].get("namespace")
             assert ns is None or ns in seen_namespaces, f"{render.name_of(obj)} before its namespace"

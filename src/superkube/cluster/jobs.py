@@ -252,7 +252,7 @@ def pod_group_problems(mpijob: Mapping[str, Any]) -> list[str]:
 
 def problems(mpijob: dict[str, Any], kubernetes_version: str) -> list[str]:
     """Schema problems of an MPIJob (its CRD's) and of each template (the official Pod schema)."""
-    from superkube.plan import render as objects
+    from superkube.cluster import render as objects
 
     out = [str(p) for p in objects.validate(mpijob, kubernetes_version, "job")]
     for role, replica in sorted(((mpijob.get("spec") or {}).get("mpiReplicaSpecs") or {}).items()):

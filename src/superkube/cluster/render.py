@@ -1,29 +1,25 @@
-"""The in-cluster layer's Kubernetes objects, taken from the plan and checked against official schemas.
+"""Kubernetes objects as superkube writes them: checked against official schemas, written as stable YAML.
 
-`superkube render` and `superkube check` both read the objects from the recorded plan, so what is
-written and validated is exactly what `pulumi up` would send. Built-in kinds are validated with the
-official OpenAPI schemas of the cluster's Kubernetes version (kubernetes-validate, strict: an unknown
-field fails); custom resources against their CRD's `openAPIV3Schema` kept under data/crds/.
+Built-in kinds are validated with the official OpenAPI schemas of the cluster's Kubernetes version
+(kubernetes-validate, strict: an unknown field fails); custom resources against their CRD's
+`openAPIV3Schema` kept under data/crds/. The in-cluster layer's objects come from the plan
+(`superkube.plan.layer`); a job's from `superkube.cluster.jobs`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import kubernetes_validate.utils as kv_utils
 import yaml
 
-from superkube.plan.engine import SECRET, Plan, Resource
-
 CRDS = Path(__file__).resolve().parents[3] / "data" / "crds"
-_KIND = re.compile(r"(?<!^)(?=[A-Z])")
+SECRET = "[secret]"
+"""How a secret value shows in a plan and in what is rendered from it: never its value."""
 
 
 @dataclass(frozen=True)
@@ -39,75 +35,11 @@ class Problem:
         return f"{self.component}: {self.obj}: {self.field or '(object)'}: {self.reason}"
 
 
-def is_object(resource: Resource) -> bool:
-    return resource.custom and resource.type.startswith("kubernetes:")
-
-
-def manifest(resource: Resource) -> dict[str, Any]:
-    """The object as the API server would receive it: apiVersion and kind first. A Secret's data is
-    secret in the plan and stays out of it: it is shown empty (its keys and values never leave Pulumi)."""
-    inputs = dict(resource.inputs)
-    head = {"apiVersion": inputs.pop("apiVersion"), "kind": inputs.pop("kind")}
-    return redacted({**head, **inputs})
-
-
 def redacted(obj: dict[str, Any]) -> dict[str, Any]:
     """A Secret whose data the plan holds as secret, with that data shown empty."""
     if obj.get("kind") != "Secret" or SECRET not in (obj.get("data"), obj.get("stringData")):
         return obj
     return {**obj, **{k: {} for k in ("data", "stringData") if obj.get(k) == SECRET}}
-
-
-def component_of(plan: Plan, resource: Resource) -> str:
-    """The component an object belongs to: its parent's type, e.g. superkube:platform:Autoscaler -> autoscaler."""
-    if resource.parent:
-        try:
-            parent = plan.by_urn(resource.parent)
-        except KeyError:
-            return "objects"
-        return _KIND.sub("-", parent.type.rsplit(":", 1)[-1]).lower()
-    return "objects"
-
-
-# The order objects can be applied in: what others live in or refer to first, workloads last.
-APPLY_ORDER = (
-    "Namespace",
-    "CustomResourceDefinition",
-    "PriorityClass",
-    "PriorityLevelConfiguration",
-    "FlowSchema",
-    "ServiceAccount",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "Role",
-    "RoleBinding",
-    "ConfigMap",
-    "Secret",
-    "Service",
-)
-
-
-def _apply_rank(obj: dict[str, Any]) -> tuple[int, str, str]:
-    kind = obj.get("kind", "")
-    rank = APPLY_ORDER.index(kind) if kind in APPLY_ORDER else len(APPLY_ORDER)
-    meta = obj.get("metadata") or {}
-    return rank, meta.get("namespace", ""), meta.get("name", "")
-
-
-def objects(plan: Plan) -> dict[str, list[dict[str, Any]]]:
-    """Every Kubernetes object of the plan, by component (sorted), each in an order it can be applied."""
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for resource in plan.resources:
-        if is_object(resource):
-            out[component_of(plan, resource)].append(manifest(resource))
-    # the foundation (namespace, classes) first, then the rest by name: the order files are applied in
-    order = sorted(out, key=lambda c: (c != "foundation", c))
-    return {component: sorted(out[component], key=_apply_rank) for component in order}
-
-
-def file_names(components: list[str]) -> dict[str, str]:
-    """Numbered so that `kubectl apply -f DIR` (which goes by file name) applies them in order."""
-    return {c: f"{i:02d}-{c}.yaml" for i, c in enumerate(components)}
 
 
 def name_of(obj: dict[str, Any]) -> str:
@@ -170,6 +102,7 @@ def _reason(error: Any) -> str:
 
 @cache
 def _definitions(schema_dir: str) -> Any:
+    import kubernetes_validate.utils as kv_utils
     from referencing import Resource as SchemaResource
 
     return SchemaResource.from_contents(
@@ -193,6 +126,8 @@ def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> 
 
     Schema files and their naming are kubernetes-validate's: the newest schema set not newer than the
     cluster's minor, `<kind>-<group>-<version>.json` in its `-local-strict` directory."""
+    import jsonschema
+    import kubernetes_validate.utils as kv_utils
     from referencing import Registry
     from referencing import Resource as SchemaResource
 
@@ -220,6 +155,10 @@ def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> 
 
 def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "objects") -> list[Problem]:
     """Problems of one object (empty when valid): at most one, the one the schema deems most relevant."""
+    # the schema packages are slow to import: only the commands that check objects load them
+    import jsonschema
+    import kubernetes_validate.utils as kv_utils
+
     obj = redacted(obj)
     label = name_of(obj)
     try:
@@ -253,14 +192,6 @@ def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "obj
         ]
     errors = sorted(jsonschema.Draft7Validator(_strict(schema)).iter_errors(obj), key=lambda e: list(e.path))
     return [Problem(component, label, _path(e.path), _reason(e)) for e in errors[:1]]
-
-
-def problems(plan: Plan, kubernetes_version: str) -> list[Problem]:
-    found: list[Problem] = []
-    for component, objs in objects(plan).items():
-        for obj in objs:
-            found += validate(obj, kubernetes_version, component)
-    return found
 
 
 _HEAD = ("apiVersion", "kind", "metadata")

@@ -32,7 +32,7 @@ from typing import Any
 try:
     from superkube.model.rates import parse_rate
 except ImportError:  # on a lab host, beside rates.py
-    from rates import parse_rate  # type: ignore[no-redef]
+    from rates import parse_rate
 
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
 CACHE = Path("/var/lib/cni/results")

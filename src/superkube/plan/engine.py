@@ -27,6 +27,7 @@ from pulumi.runtime import settings
 from pulumi.runtime import stack as pulumi_stack
 from pulumi.runtime.sync_await import _sync_await
 
+from superkube.cluster.render import SECRET
 from superkube.model import vmsizes
 from superkube.model.ipam import AddressPlan, plan_addresses
 from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, ClusterSpec, SpecError, from_config
@@ -414,7 +415,6 @@ def _close_thread_loop() -> None:
 
 
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a serialized secret value
-SECRET = "[secret]"
 """What a plan records in place of a secret value."""
 
 

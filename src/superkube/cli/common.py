@@ -1,0 +1,93 @@
+"""What every command of the command line shares: consoles, options, one-line failures, planning."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from superkube.model.spec import SpecError
+
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+err = Console(stderr=True, soft_wrap=True)
+
+USER_ERROR = 2
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+StackOpt = Annotated[
+    str, typer.Option("--stack", "-s", help="Stack name (stacks/Pulumi.<name>.yaml) or a stack file path.")
+]
+ProjectOpt = Annotated[
+    Path | None,
+    typer.Option("--project", help="superkube project directory (default: found from the current one)."),
+]
+
+
+def fail(message: str, code: int = USER_ERROR) -> NoReturn:
+    # the message is printed verbatim: brackets in a pattern or a key path are not markup
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
+    raise typer.Exit(code)
+
+
+def project_dir(project: Path | None) -> Path:
+    from superkube.plan.engine import find_project
+
+    return project.resolve() if project else find_project()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write through a temporary file and rename, so a reader never sees half a file. The file gets
+    the mode any new file gets (0666 less the umask), not the temporary file's private 0600."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    if path is None:
+        return
+    parent = path.resolve().parent
+    if path.is_dir():
+        fail(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        fail(f"{option} {path}: directory {parent} does not exist; create it first")
+    if parent.exists() and not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: directory is not writable; choose another path")
+
+
+def planned(stack: str, project: Path | None) -> Any:
+    """Plan a stack under the mock engine with a spinner; a bad stack or program is one line and exit."""
+    from superkube.plan import engine as planning
+
+    try:
+        root = project_dir(project)
+        with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):
+            return planning.run(root, stack)
+    except SpecError as exc:
+        fail(str(exc))
+    except planning.PlanError as exc:
+        fail(str(exc), code=1)

@@ -1,0 +1,52 @@
+"""`superkube health`: what a GPU probe reading means."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from superkube.cli.common import (
+    Output,
+    fail,
+    out,
+)
+
+health_app = typer.Typer(help="GPU node health: what a probe reading means.", no_args_is_help=True)
+
+
+@health_app.command("explain")
+def health_explain(
+    reading_file: Annotated[Path, typer.Argument(help="A saved probe reading (JSON).")],
+    dcgm: Annotated[
+        Path | None, typer.Option("--dcgm", help="A saved dcgm-exporter scrape of the node, merged in.")
+    ] = None,
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """The verdict on a saved GPU probe reading and every reason for it (exit 1 when fatal)."""
+    from superkube.agents import gpu_probe
+
+    try:
+        reading = gpu_probe.load_reading(reading_file)
+        if dcgm is not None:
+            try:
+                text = dcgm.read_text()
+            except OSError as exc:
+                fail(f"{dcgm}: cannot read: {exc.strerror}")
+            reading = gpu_probe.merge_dcgm(reading, text, str(dcgm))
+        result = gpu_probe.verdict(reading)
+    except gpu_probe.ReadingError as exc:
+        fail(str(exc))
+    if output is Output.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    else:
+        colour = {"healthy": "green", "warning": "yellow", "fatal": "red"}[result.level]
+        out.print(f"{escape(result.node)}: [bold {colour}]{result.level}[/]", highlight=False)
+        for finding in result.findings:
+            out.print(f"  {escape(str(finding))}", highlight=False)
+    if result.level == "fatal":
+        raise typer.Exit(1)

@@ -1,0 +1,237 @@
+"""`superkube plan`, `render` and `config-schema`: the offline plan and what is written from it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from superkube.cli.common import (
+    Output,
+    ProjectOpt,
+    StackOpt,
+    check_writable,
+    err,
+    fail,
+    out,
+    planned,
+    project_dir,
+    write_atomically,
+)
+from superkube.cluster.kube import APISERVER_PORT
+from superkube.plan import diagram, report
+
+
+def plan(
+    stack: StackOpt = "dev",
+    output: Annotated[
+        Output, typer.Option("--output", "-o", help="table for people, json for machines.")
+    ] = Output.table,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Also write the whole plan as JSON to this file.")
+    ] = None,
+    diagram_file: Annotated[
+        Path | None, typer.Option("--diagram", help="Draw the topology to this SVG file.")
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """Run the Pulumi program offline under the mock engine and show what it would create."""
+
+    check_writable(out_file, "--out")
+    check_writable(diagram_file, "--diagram")
+    if diagram_file is not None and diagram_file.suffix.lower() != ".svg":
+        fail(f"--diagram {diagram_file}: the diagram is SVG; name the file *.svg")
+    result = planned(stack, project)
+    document = result.to_dict()
+    if out_file is not None:
+        write_atomically(out_file, json.dumps(document, indent=2) + "\n")
+    if diagram_file is not None:
+        write_atomically(diagram_file, diagram.render(document))
+    if output is Output.json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        return
+    _print_plan(result, document)
+    if out_file is not None:
+        out.print(f"plan written to {out_file}")
+    if diagram_file is not None:
+        out.print(f"diagram written to {diagram_file}")
+
+
+def _rate(bits: int) -> str:
+    for unit, size in (("Gbit/s", 10**9), ("Mbit/s", 10**6), ("kbit/s", 10**3)):
+        if bits >= size:
+            return f"{bits / size:g} {unit}"
+    return f"{bits} bit/s"
+
+
+def _print_plan(result: object, document: dict[str, object]) -> None:
+    from superkube.plan.engine import Plan
+
+    assert isinstance(result, Plan)
+    a = result.addresses
+    out.print(
+        f"[bold]superkube plan[/] stack [cyan]{result.stack}[/] (cluster {result.cluster}, {result.spec.region}): "
+        f"{len(result.resources)} resources in {result.seconds:.2f} s, no cloud calls"
+    )
+    counts = Table(title="Resources by type", title_justify="left")
+    counts.add_column("type")
+    counts.add_column("count", justify="right")
+    for type_, n in result.counts().items():
+        counts.add_row(type_, str(n))
+    out.print(counts)
+
+    topo = report.topology(result)
+    tree = Tree(f"[bold]hub[/] {topo['hub']['address_space']}")
+    tree.add(f"NAT host {topo['hub']['nat_host']} (IP forwarding, no public IP)")
+    for route in topo["hub"]["routes"]:
+        tree.add(f"route {route['prefix']} -> {route['next_hop']} in {route['table']}")
+    for name, space in topo["peered_spokes"].items():
+        tree.add(f"[dim]peered spoke {name} {space} (another cluster)[/]")
+    spoke = tree.add(f"[bold]spoke[/] {topo['spoke']['address_space']} (peered with the hub only)")
+    api = topo["spoke"]["apiservers"]
+    spoke.add(f"{len(api['members'])} API servers behind {api['load_balancer']}:{APISERVER_PORT}")
+    spoke.add(
+        f"etcd main: {len(topo['spoke']['etcd_main'])} members; etcd events: {len(topo['spoke']['etcd_events'])} members"
+    )
+    spoke.add(
+        f"beside the cluster: {len(topo['spoke']['prometheus'])} Prometheus shards writing to "
+        f"{len(topo['spoke']['metrics_store'])} metrics store hosts"
+    )
+    for pool in topo["spoke"]["pools"]:
+        branch = spoke.add(
+            f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {pool['nodes']:,} nodes, {pool['gpus']:,} GPUs, "
+            + (
+                f"pod egress {_rate(pool['pod_egress_limit_bits'])} by default"
+                if pool["pod_egress_limit_bits"]
+                else "pod egress unlimited"
+            )
+        )
+        for s in pool["scale_sets"]:
+            branch.add(
+                f"{s['name']}: {s['capacity']:,} VMs, zones {','.join(s['zones'])}, subnet {s['subnet']}"
+            )
+    out.print("[bold]Topology[/]")
+    out.print(tree)
+
+    table = Table(title="Address plan", title_justify="left")
+    for col, just in [
+        ("vnet", "left"),
+        ("subnet", "left"),
+        ("cidr", "left"),
+        ("addresses", "right"),
+        ("usable", "right"),
+        ("NICs", "right"),
+        ("IPs/NIC", "right"),
+        ("IPs used", "right"),
+        ("fill", "right"),
+    ]:
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for row in report.address_rows(a):
+        table.add_row(
+            row["vnet"],
+            row["subnet"],
+            row["cidr"],
+            f"{row['addresses']:,}",
+            f"{row['usable']:,}",
+            f"{row['nics']:,}",
+            str(row["ips_per_nic"]),
+            f"{row['ips_used']:,}" + (" reserved" if row["reserved"] else ""),
+            f"{100 * row['ips_used'] / row['usable']:.0f}%",
+        )
+    out.print(table)
+
+    limits = Table(title="Azure limits", title_justify="left")
+    for col in ("limit", "scope", "used", "max", "headroom", "source"):
+        limits.add_column(col, justify="right" if col in ("used", "max", "headroom") else "left")
+    for row in report.limit_rows(a):
+        source = f"override: {row['override_reason']}" if row["override_reason"] else "Azure default"
+        limits.add_row(
+            row["what"], row["scope"], f"{row['used']:,}", f"{row['max']:,}", f"{row['headroom']:,}", source
+        )
+    out.print(limits)
+
+    cap = report.capacity(a)
+    out.print(
+        f"[bold]Capacity[/]: {cap['nodes']:,} nodes ({cap['gpu_nodes']:,} GPU), {cap['gpus']:,} GPUs, "
+        f"{cap['pod_ips']:,} pod IPs, {cap['scale_sets']} scale sets, {cap['control_plane_vms']} control-plane VMs"
+    )
+
+
+def render(
+    stack: StackOpt = "dev",
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Write one YAML file per component into this directory (made if missing)."
+        ),
+    ] = None,
+    project: ProjectOpt = None,
+) -> None:
+    """Write the in-cluster layer's Kubernetes objects as YAML, each checked against its official schema."""
+    from superkube.cluster import render as rendering
+    from superkube.plan import layer
+
+    if out_dir is not None:
+        if out_dir.exists() and not out_dir.is_dir():
+            fail(f"--out {out_dir}: is a file; give a directory")
+        if not out_dir.resolve().parent.is_dir():
+            fail(f"--out {out_dir}: {out_dir.resolve().parent} does not exist; create it first")
+    result = planned(stack, project)
+    by_component = layer.objects(result)
+    if not by_component:
+        fail(
+            f"stack {result.stack} has no in-cluster layer (superkube:in_cluster_layer is false); "
+            f"set it true to render",
+            code=1,
+        )
+    version = result.spec.kubernetes_version
+    found = layer.problems(result, version)
+    if found:
+        for problem in found:
+            err.print(f"[bold red]invalid:[/] {escape(str(problem))}", markup=True, highlight=False)
+        fail(f"{len(found)} invalid object(s) against Kubernetes {version}; nothing written", code=1)
+    total = sum(len(objs) for objs in by_component.values())
+    if out_dir is None:
+        for component, objs in by_component.items():
+            sys.stdout.write(f"# component: {component}\n---\n" + rendering.to_yaml(objs))
+        return
+    out_dir.mkdir(exist_ok=True)
+    names = layer.file_names(list(by_component))
+    for component, objs in by_component.items():
+        write_atomically(out_dir / names[component], rendering.to_yaml(objs))
+    out.print(
+        f"{total} objects in {len(by_component)} files under {out_dir}, "
+        f"valid against Kubernetes {version} (strict)"
+    )
+
+
+def config_schema(
+    write: Annotated[bool, typer.Option("--write", help="Rewrite Pulumi.yaml from the spec.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 if Pulumi.yaml differs from the spec.")
+    ] = False,
+    project: ProjectOpt = None,
+) -> None:
+    """Print (or write, or check) Pulumi.yaml's config declarations, generated from the spec."""
+    from superkube.plan import schema
+
+    text = schema.pulumi_yaml()
+    root = project_dir(project)
+    if write:
+        schema.write(root)
+        out.print(f"wrote {root / 'Pulumi.yaml'}")
+    elif check:
+        if (root / "Pulumi.yaml").read_text() != text:
+            fail(
+                "Pulumi.yaml is out of date with superkube.model.spec; run: superkube config-schema --write",
+                code=1,
+            )
+        out.print("Pulumi.yaml matches the spec")
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,1 @@
+"""Acting on a fleet: the project's one caller of ansible-runner (converge, etcd status)."""
