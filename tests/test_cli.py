@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from tests.conftest import dev_config
+from tests.conftest import ROOT, dev_config
 
 
 def test_plan_json_has_every_resource_with_type_name_inputs_parent_and_dependencies() -> None:
@@ -82,6 +83,49 @@ def test_saved_plans_list_resources_in_one_stable_order(dev_plan: Any) -> None:
     again = planning.run(ROOT, "dev").to_dict()
     first = dev_plan.to_dict()
     assert [r["urn"] for r in again["resources"]] == [r["urn"] for r in first["resources"]]
+
+
+@pytest.mark.parametrize(
+    "stack", sorted(p.name.split(".")[1] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
+)
+def test_two_plans_of_a_shipped_stack_are_the_same_bytes(stack: str, tmp_path: Path) -> None:
+    """Separate processes (other hash seeds, other timing), one byte stream: a saved plan diffs only
+    where the stack changed."""
+    written = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"{stack}-{seed}.json"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "superkube.cli",
+                "plan",
+                "--stack",
+                stack,
+                "--out",
+                str(out),
+                "-o",
+                "json",
+            ],
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            cwd=ROOT,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == out.read_bytes()
+        written.append(proc.stdout)
+    assert written[0] == written[1]
+
+
+def test_recorded_inputs_have_their_keys_sorted_at_every_depth() -> None:
+    from superkube.plan.engine import _plain
+
+    shuffled = {"tags": {"b": "2", "a": "1"}, "location": "x", "props": [{"z": 1.0, "y": {"d": 0, "c": 0}}]}
+    plain = _plain(shuffled)
+    assert json.dumps(plain) == json.dumps(
+        {"location": "x", "props": [{"y": {"c": 0, "d": 0}, "z": 1}], "tags": {"a": "1", "b": "2"}}
+    )
 
 
 def test_an_out_file_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:

@@ -421,13 +421,15 @@ _SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a seriali
 def _plain(value: Any) -> Any:
     """Inputs as JSON-ready data (the mock engine may hand back tuples and unknowns).
 
-    Secrets are masked, and whole numbers are ints again (the engine's wire format carries every
-    number as a float; Kubernetes schemas want integers where the program wrote integers).
+    Secrets are masked, whole numbers are ints again (the engine's wire format carries every
+    number as a float; Kubernetes schemas want integers where the program wrote integers), and
+    mappings have their keys sorted: the engine hands them back in no fixed order, and a saved plan
+    must be the same bytes every time.
     """
     if isinstance(value, dict):
         if value.get(_SECRET_SIG) is not None:
             return SECRET
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(value[k]) for k in sorted(value)}
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, list | tuple):
