@@ -1,25 +1,26 @@
-"""Kubernetes objects as Pulumi resources: one typed pulumi-kubernetes resource per manifest.
+"""Kubernetes objects as Pulumi resources: one pulumi-kubernetes resource per manifest.
 
 Every component of the in-cluster layer builds its objects as plain manifests (the same dicts that
-`superkube render` writes and validates), then `create` turns each into the typed resource class of
-its apiVersion and kind, so the plan records the full manifest of every object and policies see it.
-Custom resources (kinds pulumi-kubernetes has no class for) become `apiextensions.CustomResource`.
+`superkube render` writes and validates), then `create` registers each under the Kubernetes
+provider's type token for its apiVersion and kind (`kubernetes:apps/v1:Deployment`), so the plan
+records the full manifest of every object and policies see it.
+
+The token and the manifest are all the provider reads: pulumi-kubernetes' typed classes register
+exactly these, adding type aliases for API versions older than any cluster superkube supports, and
+making a Secret's data secret, which `create` does too. Importing the typed classes costs a plan
+about half a second (each API group's module defines every kind's input types); registering the
+manifest directly costs nothing.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pulumi
-import pulumi_kubernetes as k8s
 
 PART_OF = "superkube"
 Manifest = dict[str, Any]
-
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
 
 def labels(component: str, name: str) -> dict[str, str]:
@@ -74,18 +75,12 @@ def service_account_access(
     ]
 
 
-def _resource_class(api_version: str, kind: str) -> Any:
-    group, _, version = api_version.rpartition("/")
-    package = group.split(".")[0] if group else "core"
-    try:
-        module = importlib.import_module(f"pulumi_kubernetes.{package}.{version}")
-    except ModuleNotFoundError:
-        return None
-    return getattr(module, kind, None)
+def type_token(api_version: str, kind: str) -> str:
+    """The Kubernetes provider's type of a kind: the core group is `core`, every other its full name."""
+    return f"kubernetes:{api_version if '/' in api_version else 'core/' + api_version}:{kind}"
 
 
-def _snake(key: str) -> str:
-    return _CAMEL.sub("_", key).lower()
+SECRET_FIELDS = ("data", "stringData")
 
 
 def resource_name(owner: str, manifest: Mapping[str, Any]) -> str:
@@ -105,20 +100,19 @@ def create(
     # the Kubernetes provider comes from the layer's `providers` option, inherited through `parent`
     opts = pulumi.ResourceOptions(parent=owner)
     for manifest in manifests:
-        name = resource_name(owner_name, manifest)
-        cls = _resource_class(manifest["apiVersion"], manifest["kind"])
-        if cls is None:
-            created.append(
-                k8s.apiextensions.CustomResource(
-                    name,
-                    api_version=manifest["apiVersion"],
-                    kind=manifest["kind"],
-                    metadata=manifest["metadata"],
-                    opts=opts,
-                    **{k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata")},
-                )
+        props: dict[str, Any] = dict(manifest)
+        options = opts
+        if manifest["apiVersion"] == "v1" and manifest["kind"] == "Secret":
+            props.update({k: pulumi.Output.secret(v) for k, v in manifest.items() if k in SECRET_FIELDS})
+            options = pulumi.ResourceOptions.merge(
+                opts, pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_FIELDS))
             )
-            continue
-        kwargs = {_snake(k): v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
-        created.append(cls(name, **kwargs, opts=opts))
+        created.append(
+            pulumi.CustomResource(
+                type_token(manifest["apiVersion"], manifest["kind"]),
+                resource_name(owner_name, manifest),
+                props,
+                options,
+            )
+        )
     return created
