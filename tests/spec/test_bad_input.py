@@ -260,6 +260,46 @@ def test_broken_stack_files(raw: str, word: str, write_stack: Callable[..., Path
     assert word in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+def _dev_with_line_repeated(text: str) -> tuple[str, int]:
+    """The dev stack file with the line that is `text` (stripped) written a second time below it."""
+    lines = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip() == text)
+    return "".join([*lines[: at + 1], lines[at], *lines[at + 1 :]]), at + 1
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "named"),
+    [
+        ("config:", "config", "{stack}"),
+        ("superkube:apiserver_count: 3", "superkube:apiserver_count", "{stack}"),
+        ("nodes: 4", "nodes", "superkube:node_pools"),  # inside the YAML held in a string
+        ("team: research", "team", "superkube:teams"),
+    ],
+)
+def test_a_key_written_twice_is_refused_with_its_lines(
+    line: str, key: str, named: str, write_stack: Callable[..., Path]
+) -> None:
+    raw, first = _dev_with_line_repeated(line)
+    stack = write_stack({}, raw=raw)
+    result = run_cli(["plan", "--stack", str(stack)])
+    assert result.exit_code == 2, result.stdout
+    where = f" of {stack}" if named != "{stack}" else ""
+    assert result.stderr.strip() == (
+        f"error: {named.format(stack=stack)}: key {key!r} is written twice (lines {first} and {first + 1}{where}); "
+        "keep one of them (YAML keeps only the last value, and the Pulumi CLI refuses such a file)"
+    )
+
+
+def test_a_key_written_twice_in_a_config_value_is_refused_wherever_the_value_comes_from() -> None:
+    """`pulumi up` hands the program strings with no file behind them: the spec refuses them too."""
+    from superkube.model.spec import SpecError, from_config
+
+    config = {k.partition(":")[2]: v for k, v in dev_config().items()}
+    with pytest.raises(SpecError) as err:
+        from_config({**config, "teams": "- {team: a, team: b, selector: {x: y}}"})
+    assert str(err.value).startswith("superkube:teams: key 'team' is written twice (line 1 of the value)")
+
+
 def test_unknown_stack_lists_the_known_ones() -> None:
     result = run_cli(["plan", "--stack", "nosuch"])
     assert result.exit_code == 2

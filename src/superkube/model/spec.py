@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from superkube.model import strictyaml
 from superkube.model.rates import parse_rate
 from superkube.model.teams import TeamsError, TeamTuple
 from superkube.model.teams import check as teams_check
@@ -219,7 +220,11 @@ def _yaml_doc(key: str, value: Any, want: type) -> Any:
     """Parse a YAML-in-a-string config value (or pass through an already-structured one)."""
     if isinstance(value, str):
         try:
-            value = yaml.safe_load(value) if value.strip() else want()
+            value = strictyaml.load(value) if value.strip() else want()
+        except strictyaml.DuplicateKeyError as exc:
+            raise ValueError(
+                f"{exc.message(of='the value')}; keep one of them (YAML would keep only the last)"
+            ) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -28,9 +28,9 @@ from pulumi.runtime import stack as pulumi_stack
 from pulumi.runtime.sync_await import _sync_await
 
 from superkube.cluster.render import SECRET
-from superkube.model import vmsizes
+from superkube.model import strictyaml, vmsizes
 from superkube.model.ipam import AddressPlan, plan_addresses
-from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, ClusterSpec, SpecError, from_config
+from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, YAML_KEYS, ClusterSpec, SpecError, from_config
 from superkube.model.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
 
 PROJECT = "superkube"
@@ -227,6 +227,32 @@ def _as_config_string(value: Any) -> str:
     return json.dumps(value)
 
 
+DUPLICATE_FIX = "keep one of them (YAML keeps only the last value, and the Pulumi CLI refuses such a file)"
+
+
+def _refuse_duplicates_within(key: str, value: str, text: str, path: Path) -> None:
+    """A YAML document held in a string value names a key twice: say so at the stack file's lines."""
+    try:
+        strictyaml.load(value)
+    except strictyaml.DuplicateKeyError as exc:
+        raise SpecError(key, exc.message(_value_first_line(text, key) - 1, str(path)), DUPLICATE_FIX) from None
+    except yaml.YAMLError:
+        return  # the spec says what is wrong with it, naming the key
+
+
+def _value_first_line(text: str, key: str) -> int:
+    """The stack file's line (1-based) holding the first line of config value `key`."""
+    root = strictyaml.compose(text)
+    for section_key, section in getattr(root, "value", []):
+        if section_key.value != "config":
+            continue
+        for key_node, value_node in section.value:
+            if key in (key_node.value, f"{NAMESPACE}:{key_node.value}"):
+                block = getattr(value_node, "style", None) in ("|", ">")
+                return value_node.start_mark.line + (2 if block else 1)
+    return 1
+
+
 def read_stack_config(project: Path, stack: str) -> dict[str, str]:
     """Namespaced config of a stack, stack values over Pulumi.yaml defaults, all strings."""
     path = stack_path(project, stack)
@@ -239,8 +265,11 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
         raise SpecError(
             where, "no such stack file", f"use one of: {', '.join(known) or 'none'} (or create it)"
         )
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = strictyaml.load(text)
+    except strictyaml.DuplicateKeyError as exc:
+        raise SpecError(where, str(exc), DUPLICATE_FIX) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
@@ -277,6 +306,8 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
                 raise SpecError(full, f"must be a list, got {value!r}", f'write {short}: ["1", "2", "3"]')
         if full in (KUBECONFIG_KEY, WEBHOOK_TLS_KEY):
             continue  # secrets the plan never reads: the mock engine talks to no cluster
+        if short in YAML_KEYS and isinstance(value, str):
+            _refuse_duplicates_within(full, value, text, path)
         if isinstance(value, dict) and "secure" in value:
             raise SpecError(
                 full,
