@@ -235,7 +235,9 @@ def _refuse_duplicates_within(key: str, value: str, text: str, path: Path) -> No
     try:
         strictyaml.load(value)
     except strictyaml.DuplicateKeyError as exc:
-        raise SpecError(key, exc.message(_value_first_line(text, key) - 1, str(path)), DUPLICATE_FIX) from None
+        raise SpecError(
+            key, exc.message(_value_first_line(text, key) - 1, str(path)), DUPLICATE_FIX
+        ) from None
     except yaml.YAMLError:
         return  # the spec says what is wrong with it, naming the key
 
