@@ -19,6 +19,7 @@ from modules.network.hub import Hub, HubArgs
 from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
 from modules.platform.layer import InClusterLayer, InClusterLayerArgs
+from superkube.cluster import autoscaling
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -130,6 +131,39 @@ class Cluster(pulumi.ComponentResource):
             opts=child(self),
         )
         zones = tuple(spec.control_plane_zones)
+        # cluster-autoscaler runs on the API-server hosts (superkube.cluster.autoscaling says why) and
+        # resizes the scale sets as this identity, which those VMs carry; their tags tell the host
+        # service the identity's client ID and the resource group it may act in.
+        self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
+        self.autoscaler_role: authorization.RoleAssignment | None = None
+        autoscaler_tags: dict[str, pulumi.Input[str]] = {}
+        if spec.autoscaler_enabled:
+            self.autoscaler_identity = managedidentity.UserAssignedIdentity(
+                f"{name}-autoscaler-identity",
+                resource_name_=f"id-{cluster}-autoscaler",
+                resource_group_name=self.group.name,
+                location=location,
+                tags=tags,
+                opts=child(self),
+            )
+            self.autoscaler_role = authorization.RoleAssignment(
+                f"{name}-autoscaler-role",
+                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler")),
+                principal_id=self.autoscaler_identity.principal_id,
+                principal_type="ServicePrincipal",
+                role_definition_id=subscription_id.apply(
+                    lambda sub: (
+                        f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/"
+                        + VIRTUAL_MACHINE_CONTRIBUTOR
+                    )
+                ),
+                scope=self.group.id,
+                opts=child(self),
+            )
+            autoscaler_tags = {
+                autoscaling.IDENTITY_TAG: self.autoscaler_identity.client_id,
+                autoscaling.SCOPE_TAG: self.group.id,
+            }
         self.apiservers = ApiServers(
             f"{name}-apiservers",
             ApiServersArgs(
@@ -143,6 +177,8 @@ class Cluster(pulumi.ComponentResource):
                 vm_size=spec.apiserver_vm_size,
                 zones=zones,
                 tags=tags,
+                autoscaler_identity_id=self.autoscaler_identity.id if self.autoscaler_identity else None,
+                autoscaler_tags=autoscaler_tags,
                 **login,
             ),
             opts=child(self, depends_on=[self.group]),
@@ -190,29 +226,6 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child(self),
         )
-        # The autoscaler resizes scale sets as this identity, which the cpu pools (where it runs) carry.
-        self.autoscaler_identity = managedidentity.UserAssignedIdentity(
-            f"{name}-autoscaler-identity",
-            resource_name_=f"id-{cluster}-autoscaler",
-            resource_group_name=self.group.name,
-            location=location,
-            tags=tags,
-            opts=child(self),
-        )
-        self.autoscaler_role = authorization.RoleAssignment(
-            f"{name}-autoscaler-role",
-            role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler")),
-            principal_id=self.autoscaler_identity.principal_id,
-            principal_type="ServicePrincipal",
-            role_definition_id=subscription_id.apply(
-                lambda sub: (
-                    f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/"
-                    + VIRTUAL_MACHINE_CONTRIBUTOR
-                )
-            ),
-            scope=self.group.id,
-            opts=child(self),
-        )
         self.pools = [
             NodePool(
                 f"{name}-pool-{pool.name}",
@@ -227,7 +240,6 @@ class Cluster(pulumi.ComponentResource):
                     kubernetes_version=spec.kubernetes_version,
                     join_jitter_seconds=spec.autoscaler_join_jitter_seconds,
                     autoscaler=spec.autoscaler_enabled,
-                    identity_id=self.autoscaler_identity.id if pool.role == "cpu" else None,
                     tags=tags,
                     **login,
                 ),
@@ -244,11 +256,8 @@ class Cluster(pulumi.ComponentResource):
                     cluster=cluster,
                     kubeconfig=args.kubeconfig,
                     team_webhook_tls=args.team_webhook_tls,
-                    subscription_id=subscription_id,
-                    resource_group_name=self.group.name,
-                    identity_client_id=self.autoscaler_identity.client_id,
                 ),
-                opts=child(self, depends_on=[self.autoscaler_role]),
+                opts=child(self),
             )
         self.outputs = {
             "apiserver_endpoint": self.apiservers.endpoint,

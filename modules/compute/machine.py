@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ class MachineArgs:
     """Admin user; login by SSH key only."""
     ssh_public_key: str
     """OpenSSH public key of the admin user."""
-    tags: dict[str, str]
+    tags: Mapping[str, pulumi.Input[str]]
     """Tags on the VM and NIC (must include the superkube-role tag)."""
     image: str = DEFAULT_IMAGE
     """Marketplace image publisher:offer:sku:version (default: Ubuntu 24.04 LTS)."""
@@ -50,6 +50,8 @@ class MachineArgs:
     """OS disk size in GiB (default: 128)."""
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
     """Extra dependencies of the NIC (default: none)."""
+    identity_id: pulumi.Input[str] | None = None
+    """Resource ID of a user-assigned identity the VM carries (default: none)."""
 
     def __post_init__(self) -> None:
         require(len(self.vm_name) <= 64, "vm_name", f"{self.vm_name!r} is longer than Azure's 64 characters")
@@ -125,6 +127,12 @@ class Machine(pulumi.ComponentResource):
             storage_profile=storage,
             additional_capabilities=compute.AdditionalCapabilitiesArgs(ultra_ssd_enabled=True)
             if args.data_disk_sku == "UltraSSD_LRS"
+            else None,
+            identity=compute.VirtualMachineIdentityArgs(
+                type=compute.ResourceIdentityType.USER_ASSIGNED,
+                user_assigned_identities=[args.identity_id],
+            )
+            if args.identity_id is not None
             else None,
             tags=args.tags,
             opts=child(self),

@@ -44,9 +44,6 @@ class NodePoolArgs:
     """Random delay window before a new node's kubelet registers (default: 300)."""
     autoscaler: bool = True
     """Tag the scale sets for cluster-autoscaler discovery (default: on)."""
-    identity_id: pulumi.Input[str] | None = None
-    """Resource ID of a user-assigned identity the nodes carry (default: none; the cpu pools carry
-    the autoscaler's, so the autoscaler running there may resize scale sets)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every scale set (default: none)."""
 
@@ -180,12 +177,6 @@ class NodePool(pulumi.ComponentResource):
                             ]
                         ),
                     ),
-                    identity=compute.VirtualMachineScaleSetIdentityArgs(
-                        type=compute.ResourceIdentityType.USER_ASSIGNED,
-                        user_assigned_identities=[args.identity_id],
-                    )
-                    if args.identity_id is not None
-                    else None,
                     tags=tags,
                     opts=child(self, ignore_changes=["sku.capacity"]),
                 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -40,6 +40,12 @@ class ApiServersArgs:
     """Zones the API servers are spread over in turn (default: none, regional)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every resource (default: none)."""
+    autoscaler_identity_id: pulumi.Input[str] | None = None
+    """Resource ID of the identity cluster-autoscaler acts as on these hosts (default: none, no
+    autoscaler)."""
+    autoscaler_tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    """Tags on the VMs that tell the autoscaler's host service that identity and its scope
+    (superkube.cluster.autoscaling's IDENTITY_TAG and SCOPE_TAG; default: none)."""
 
     def __post_init__(self) -> None:
         n = len(self.member_ips)
@@ -118,7 +124,8 @@ class ApiServers(pulumi.ComponentResource):
             **placement(args),
             backend_pool_ids=[pool_id],
             depends_on=[self.load_balancer],
-            tags=tags,
+            tags={**tags, **args.autoscaler_tags},
+            identity_id=args.autoscaler_identity_id,
         )
         self.endpoint = f"https://{args.frontend_ip}:{API_PORT}"
         self.register_outputs({"endpoint": self.endpoint, "load_balancer_id": self.load_balancer.id})

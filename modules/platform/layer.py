@@ -22,7 +22,6 @@ from modules.platform.gang import GangScheduling, GangSchedulingArgs
 from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
-from superkube.cluster import autoscaling
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
 
@@ -35,12 +34,6 @@ class InClusterLayerArgs:
     """Cluster name (the autoscaler's discovery tag value)."""
     kubeconfig: pulumi.Input[str]
     """Admin kubeconfig of the cluster (the secret `kubernetes:kubeconfig`)."""
-    subscription_id: pulumi.Input[str]
-    """Azure subscription of the node pools."""
-    resource_group_name: pulumi.Input[str]
-    """Resource group of the node pools' scale sets."""
-    identity_client_id: pulumi.Input[str]
-    """Client ID of the identity the autoscaler uses to resize scale sets."""
     team_webhook_tls: pulumi.Input[str] | None = None
     """The team webhook's PEM bundle: certificate, key, CA (required when spec.teams is not empty)."""
 
@@ -73,26 +66,10 @@ class InClusterLayer(pulumi.ComponentResource):
         self.join_flow = NodeJoinFlow(
             f"{name}-flowcontrol", NodeJoinFlowArgs(shares=spec.apf_node_join_shares), opts=inherit
         )
-        # with autoscaler_enabled false the scale sets carry no discovery tags: nothing to run
+        # with autoscaler_enabled false the scale sets carry no discovery tags: nothing to permit
         self.autoscaler = None
         if spec.autoscaler_enabled:
-            self.autoscaler = Autoscaler(
-                f"{name}-autoscaler",
-                AutoscalerArgs(
-                    cluster=args.cluster,
-                    subscription_id=args.subscription_id,
-                    resource_group_name=args.resource_group_name,
-                    identity_client_id=args.identity_client_id,
-                    max_nodes_total=autoscaling.max_nodes_total(spec),
-                    max_nodes_per_scaleup=spec.autoscaler_max_nodes_per_scaleup,
-                    scan_interval_seconds=spec.autoscaler_scan_interval_seconds,
-                    max_total_unready_percentage=spec.autoscaler_max_total_unready_percentage,
-                    ok_total_unready_count=spec.autoscaler_ok_total_unready_count,
-                    new_pod_scale_up_delay_seconds=spec.autoscaler_new_pod_scale_up_delay_seconds,
-                    max_node_provision_minutes=spec.autoscaler_max_node_provision_minutes,
-                ),
-                opts=after,
-            )
+            self.autoscaler = Autoscaler(f"{name}-autoscaler", AutoscalerArgs(), opts=after)
         sized = [
             (pool, vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")) for pool in spec.node_pools
         ]

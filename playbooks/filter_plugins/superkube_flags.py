@@ -101,9 +101,34 @@ def nth_host(cidr: str, n: int) -> str:
     return str(ipaddress.ip_network(cidr, strict=False).network_address + int(n))
 
 
+def args_to_flags(args: list[str]) -> dict[str, str]:
+    """A command line of --name=value arguments as the {name: value} kube_component takes."""
+    flags = {}
+    for arg in args:
+        name, eq, value = str(arg).removeprefix("--").partition("=")
+        if not str(arg).startswith("--") or not eq:
+            raise ValueError(f"{arg!r}: write each flag as --name=value")
+        flags[name] = value
+    return flags
+
+
+def autoscaler_flag_reference(version: str) -> dict[str, str]:
+    """Every flag of cluster-autoscaler `version`, from data/cluster-autoscaler/<version>.flags
+    (value types are not recorded there: any value is taken)."""
+    path = Path(__file__).resolve().parents[2] / "data" / "cluster-autoscaler" / f"{version}.flags"
+    if not path.is_file():
+        raise ValueError(
+            f"no flag list for cluster-autoscaler {version}: add {path.name} under data/cluster-autoscaler"
+        )
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return {line: "other" for line in lines if line and not line.startswith("#")}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "superkube_args_to_flags": args_to_flags,
+            "superkube_autoscaler_flag_reference": autoscaler_flag_reference,
             "superkube_flag_problems": flag_problems,
             "superkube_flag_args": flag_args,
             "superkube_nth_host": nth_host,

@@ -8,9 +8,16 @@ from collections.abc import Iterator
 
 import yaml
 
-from superkube.cluster.autoscaling import ENABLED_TAG, NAME_TAG, is_autoscaled, template_tag
+from superkube.cluster.autoscaling import (
+    ENABLED_TAG,
+    IDENTITY_TAG,
+    NAME_TAG,
+    SCOPE_TAG,
+    is_autoscaled,
+    template_tag,
+)
 from superkube.cluster.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
-from superkube.cluster.kube import ETCD_EVENTS, ETCD_MAIN, GPU_NODES
+from superkube.cluster.kube import APISERVERS, ETCD_EVENTS, ETCD_MAIN, GPU_NODES
 from superkube.model.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
 from superkube.model.vmsizes import GPU_RESOURCE
 from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
@@ -113,6 +120,29 @@ def _autoscaler_tags(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             yield Finding("GPU scale set does not declare its GPUs in the node template", s.urn)
 
 
+def _identities(r: PlanResource) -> list[str]:
+    found = (r.props.get("identity") or {}).get("userAssignedIdentities") or []
+    return [str(i) for i in (found if isinstance(found, list) else found.keys())]
+
+
+def _autoscaler_identity(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for vm in view.with_role(VM, APISERVERS):
+        if not config.autoscaler_enabled:
+            if vm.tags.get(IDENTITY_TAG):
+                yield Finding(f"API server carries {IDENTITY_TAG} while autoscaler_enabled is false", vm.urn)
+            continue
+        if not _identities(vm):
+            yield Finding("API server carries no user-assigned identity for cluster-autoscaler", vm.urn)
+        for tag in (IDENTITY_TAG, SCOPE_TAG):
+            if not vm.tags.get(tag):
+                yield Finding(f"API server lacks the {tag} tag its autoscaler service reads", vm.urn)
+    for s in view.of_type(VMSS):
+        if _identities(s):
+            yield Finding(
+                "scale set carries a user-assigned identity: a node (any pod on it) could act as it", s.urn
+            )
+
+
 def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     attached = {
         str(d.props.get("diskName", d.name)): (d.props.get("sku") or {}).get("name")
@@ -160,6 +190,15 @@ RULES = [
         "No stack key turns this off: superkube writes the taint and label into every gpu pool's cloud-init (and node "
         "template); re-plan with `superkube plan` rather than editing customData or tags by hand.",
         _preflight_taint,
+    ),
+    Rule(
+        "compute-autoscaler-identity-on-apiservers",
+        "critical",
+        "With autoscaling on, cluster-autoscaler's identity is carried by the API-server VMs that run it, "
+        "tagged for its service; no scale set carries an identity, so no node can resize the fleet.",
+        "Re-plan with `superkube plan`: Cluster attaches the autoscaler identity to the API servers; remove "
+        "identities from node pools.",
+        _autoscaler_identity,
     ),
     Rule(
         "compute-vmss-autoscaler-tags",

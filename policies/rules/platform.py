@@ -3,18 +3,19 @@ containers, and an autoscaler that finds exactly the scale sets and joins them a
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from policies.rules.compute import VMSS, _cloud_init_files
+from policies.rules.compute import VM, VMSS, _cloud_init_files
 from superkube.cluster import autoscaling
 from superkube.cluster.cloudinit import JOIN_SCRIPT, join_jitter_seconds
+from superkube.cluster.kube import APISERVERS
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
-AUTOSCALER = "cluster-autoscaler"
 
 # Containers that may run privileged, each with the reason it must. Keyed by
 # "<namespace>/<workload name>/<container>". Nothing in the layer needs it yet.
@@ -111,12 +112,15 @@ def _idle_time_classes(view: StackView, cutoff: int) -> set[str]:
     }
 
 
-def _autoscaler_args(view: StackView) -> tuple[PlanResource, list[str]] | None:
-    for r, pod in _workloads(view):
-        for c in _containers(pod):
-            if c.get("name") == AUTOSCALER:
-                return r, [*(c.get("command") or [])[1:], *(c.get("args") or [])]
-    return None
+def _autoscaler_args(view: StackView, config: RuleConfig) -> tuple[str | None, list[str]] | None:
+    """The autoscaler's command line as the inventory hands it to its host service on the API
+    servers (None where the stack runs no autoscaler), and the first API-server VM's URN."""
+    raw = config.inventory.get("hostvar_expressions", {}).get("superkube_autoscaler_flags")
+    args = json.loads(raw) if raw else []
+    if not args:
+        return None
+    hosts = [vm.urn for vm in view.of_type(VM) if vm.tags.get("superkube-role") == APISERVERS]
+    return (hosts[0] if hosts else None), [str(a) for a in args]
 
 
 def _flag(args: list[str], name: str) -> str | None:
@@ -134,7 +138,7 @@ def _balloons(view: StackView) -> Iterator[tuple[PlanResource, Mapping[str, Any]
 
 
 def _balloon_priority(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    found = _autoscaler_args(view)
+    found = _autoscaler_args(view, config)
     cutoff_text = _flag(found[1], "expendable-pods-priority-cutoff") if found else None
     cutoff = (
         int(cutoff_text)
@@ -234,28 +238,24 @@ def _autoscaled_sets(view: StackView) -> list[PlanResource]:
 
 
 def _autoscaler_discovery(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    found = _autoscaler_args(view)
+    found = _autoscaler_args(view, config)
     if found is None:
         return
-    deployment, args = found
+    host, args = found
     unknown = autoscaling.unknown_flags(args)
     if unknown:
-        yield Finding(
-            f"not flags of cluster-autoscaler {autoscaling.VERSION}: {', '.join(unknown)}", deployment.urn
-        )
+        yield Finding(f"not flags of cluster-autoscaler {autoscaling.VERSION}: {', '.join(unknown)}", host)
     spec = _flag(args, "node-group-auto-discovery")
     wanted = autoscaling.parse_auto_discovery(spec or "")
     if not wanted:
-        yield Finding(
-            f"--node-group-auto-discovery is {spec!r}, not a label:<tag>=<value> filter", deployment.urn
-        )
+        yield Finding(f"--node-group-auto-discovery is {spec!r}, not a label:<tag>=<value> filter", host)
         return
     sets = view.of_type(VMSS)
     matched = [s for s in sets if all(s.tags.get(k) == v for k, v in wanted.items())]
     if not matched:
         yield Finding(
             f"the autoscaler's discovery filter {wanted} matches none of the plan's scale sets",
-            deployment.urn,
+            host,
         )
     for s in sets:
         if s not in matched and autoscaling.is_autoscaled(s.tags):
@@ -266,16 +266,16 @@ def _autoscaler_discovery(view: StackView, config: RuleConfig) -> Iterator[Findi
 
 
 def _join_rate(view: StackView, config: RuleConfig) -> Iterator[Finding]:
-    found = _autoscaler_args(view)
+    found = _autoscaler_args(view, config)
     if found is None:
         return
-    deployment, args = found
+    host, args = found
     per_scaleup = _flag(args, "max-nodes-per-scaleup") or "1000"
     interval = (_flag(args, "scan-interval") or "10s").removesuffix("s")
     if not (per_scaleup.isdigit() and interval.isdigit() and int(interval) > 0):
         yield Finding(
             f"cannot read --max-nodes-per-scaleup {per_scaleup!r} / --scan-interval {interval!r}s",
-            deployment.urn,
+            host,
         )
         return
     pools: dict[str, list[PlanResource]] = defaultdict(list)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from superkube.cluster import autoscaling
+from superkube.cluster.inventory import cluster_facts
 from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE
 from superkube.model import vmsizes
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
@@ -34,9 +35,13 @@ def named(plan: Plan, kind: str, name: str) -> dict[str, Any]:
     return obj
 
 
+def autoscaler_args(plan: Plan) -> list[str]:
+    """The command line the inventory hands cluster-autoscaler's host service on the API servers."""
+    return list(cluster_facts(plan.spec, plan.addresses)["autoscaler_flags"])
+
+
 def autoscaler_flags(plan: Plan) -> dict[str, str]:
-    container = named(plan, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]["containers"][0]
-    return dict(a.removeprefix("--").partition("=")[::2] for a in container["command"][1:])
+    return dict(a.removeprefix("--").partition("=")[::2] for a in autoscaler_args(plan))
 
 
 def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
@@ -57,7 +62,7 @@ def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
 def test_the_plan_json_carries_each_objects_full_manifest(any_plan: Plan) -> None:
     doc = any_plan.to_dict()
     deployments = [r for r in doc["resources"] if r["type"] == "kubernetes:apps/v1:Deployment"]
-    assert {d["inputs"]["metadata"]["name"] for d in deployments} >= {"cluster-autoscaler"}
+    assert {d["inputs"]["metadata"]["name"] for d in deployments} >= {"scheduler-plugins-controller"}
     for d in deployments:
         assert d["inputs"]["spec"]["template"]["spec"]["containers"][0]["image"]
     (provider,) = [r for r in doc["resources"] if r["type"] == "pulumi:providers:kubernetes"]
@@ -72,15 +77,31 @@ def test_autoscaler_discovery_is_the_scale_sets_tags(any_plan: Plan) -> None:
 
 
 def test_every_autoscaler_flag_is_one_of_its_release(any_plan: Plan) -> None:
-    container = named(any_plan, "Deployment", "cluster-autoscaler")["spec"]["template"]["spec"]["containers"][
-        0
-    ]
-    assert autoscaling.unknown_flags(container["command"][1:]) == []
-    assert container["image"].endswith(f":v{autoscaling.VERSION}")
+    assert autoscaling.unknown_flags(autoscaler_args(any_plan)) == []
+    # the host service installs the same release the flags are checked against
+    release = yaml.safe_load((ROOT / "playbooks/roles/kube_component/vars/release-1.35.yml").read_text())
+    assert release["kube_component_release"]["images"]["cluster-autoscaler"]["ref"].endswith(
+        f":v{autoscaling.VERSION}"
+    )
+    defaults = yaml.safe_load((ROOT / "playbooks/roles/cluster_autoscaler/defaults/main.yml").read_text())
+    assert defaults["cluster_autoscaler_version"] == autoscaling.VERSION
     # the reference is the release's list: a flag from another autoscaler's docs is not in it
     assert autoscaling.unknown_flags(["--scale-up-rate=5", "--max-nodes-per-scaleup=1"]) == [
         "--scale-up-rate=5"
     ]
+
+
+def test_the_autoscaler_runs_on_the_api_servers_not_as_a_pod(any_plan: Plan) -> None:
+    """Its objects in the cluster are permissions for its user; no pod, no service account."""
+    objs = layer.objects(any_plan)["autoscaler"]
+    assert sorted(o["kind"] for o in objs) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    for binding in (o for o in objs if o["kind"].endswith("Binding")):
+        assert binding["subjects"] == [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": autoscaling.USER}
+        ]
+    for vm in (r for r in any_plan.of_type("azure-native:compute:VirtualMachine") if "apiservers" in r.name):
+        assert vm.inputs["identity"]["userAssignedIdentities"], vm.name
+        assert vm.inputs["tags"][autoscaling.IDENTITY_TAG] and vm.inputs["tags"][autoscaling.SCOPE_TAG]
 
 
 def test_each_spec_key_reaches_its_autoscaler_flag(write_stack: Callable[..., Path]) -> None:

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from superkube.cluster import gang, kube, reference
+from superkube.cluster import autoscaling, gang, kube, reference
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.plan import engine as planning
@@ -219,6 +219,27 @@ def test_scheduler_runs_coscheduling_as_the_only_profile(
     )
 
 
+def test_the_autoscaler_is_a_host_service_beside_the_scheduler(
+    control_plane: lab.Lab, converged: dict[str, Any]
+) -> None:
+    """cluster-autoscaler runs where the scheduler does, with the plan's flags, its own user and the
+    Azure settings from the VM's tags (empty in the lab, whose VMs have none)."""
+    unit = sh(control_plane, "apiservers-1", "cat /etc/systemd/system/cluster-autoscaler.service")
+    assert (
+        f"ExecStart=/usr/local/bin/cluster-autoscaler-v{autoscaling.VERSION} $CLUSTER_AUTOSCALER_ARGS" in unit
+    )
+    assert "EnvironmentFile=/etc/kubernetes/cluster-autoscaler.azure.env" in unit
+    env = sh(control_plane, "apiservers-1", "cat /etc/kubernetes/cluster-autoscaler.env")
+    args = [line.strip().rstrip("\\").strip() for line in env.splitlines() if line.strip().startswith("--")]
+    assert "--kubeconfig=/etc/kubernetes/cluster-autoscaler.conf" in args
+    assert set(control_plane.facts["autoscaler_flags"]) <= set(args)  # the plan's own command line
+    assert autoscaling.unknown_flags(args) == []
+    azure = sh(control_plane, "apiservers-1", "cat /etc/kubernetes/cluster-autoscaler.azure.env")
+    assert "ARM_VM_TYPE=vmss" in azure and "ARM_USER_ASSIGNED_IDENTITY_ID=\n" in azure + "\n"
+    cert = "/etc/kubernetes/pki/cluster-autoscaler.crt"
+    assert _subject(control_plane, "apiservers-1", cert) == f"CN={autoscaling.USER}"
+
+
 def test_etcd_status_shows_both_clusters(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
     result = CliRunner().invoke(
         app, ["etcd", "status", "--inventory", str(control_plane.inventory), "--output", "json"]
@@ -389,6 +410,7 @@ UNITS = (
     ("apiservers-1", "kube-apiserver"),
     ("apiservers-1", "kube-controller-manager"),
     ("apiservers-1", "kube-scheduler"),
+    ("apiservers-1", "cluster-autoscaler"),
     ("gpu-1", "kubelet"),
     ("gpu-1", "kube-proxy"),
     ("nat", "kube-proxy"),

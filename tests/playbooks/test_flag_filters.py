@@ -78,3 +78,29 @@ def test_args_render_sorted_with_lowercase_booleans() -> None:
         "--etcd-prefix=/registry",
         "--profiling=false",
     ]
+
+
+def test_the_autoscaler_flags_reach_the_host_as_kube_component_takes_them() -> None:
+    """The plan's command line for cluster-autoscaler, as its role turns it into kube_component flags,
+    passes the check against the release's own flag list; a flag the release lacks does not."""
+    from superkube.cluster import autoscaling
+    from superkube.plan import engine as planning
+
+    _, spec, addresses = planning.load(ROOT, "flagship")
+    flags = flags_module.args_to_flags(autoscaling.flags(spec, addresses.cluster))
+    reference = flags_module.autoscaler_flag_reference(autoscaling.VERSION)
+    assert set(reference) == autoscaling.reference_flags()
+    assert flags["max-nodes-per-scaleup"] == str(spec.autoscaler_max_nodes_per_scaleup)
+    assert flags_module.flag_problems(flags, reference) == []
+    assert flags_module.flag_problems({**flags, "scale-up-rate": "5"}, reference) == [
+        "--scale-up-rate: not a flag of this version"
+    ]
+
+
+def test_a_command_line_that_is_not_name_value_is_refused() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="--name=value"):
+        flags_module.args_to_flags(["--leader-elect"])
+    with pytest.raises(ValueError, match=r"no flag list for cluster-autoscaler 9\.9\.9"):
+        flags_module.autoscaler_flag_reference("9.9.9")

@@ -313,6 +313,11 @@ def remove_autoscaler_discovery(doc: Doc) -> None:
     del gpu_vmss(doc)["inputs"]["tags"]["cluster-autoscaler-enabled"]
 
 
+def strip_apiserver_identity(doc: Doc) -> None:
+    """The API server that runs cluster-autoscaler loses the identity it resizes scale sets as."""
+    of(doc, VM, "apiservers")[0]["inputs"].pop("identity")
+
+
 def standard_etcd_disk(doc: Doc) -> None:
     of(doc, VM, "etcd_events")[0]["inputs"]["storageProfile"]["dataDisks"][0]["managedDisk"][
         "storageAccountType"
@@ -396,6 +401,7 @@ BY_RULE: dict[str, Callable[[Doc], None]] = {
     "compute-vmss-vm-limit": scale_set_over_vm_limit,
     "compute-vmss-preflight-taint": remove_preflight_taint,
     "compute-vmss-autoscaler-tags": remove_autoscaler_discovery,
+    "compute-autoscaler-identity-on-apiservers": strip_apiserver_identity,
     "compute-disk-etcd-premium": standard_etcd_disk,
     "compute-vmss-join-jitter": no_join_jitter,
     "hygiene-resource-required-tags": missing_owner_tag,

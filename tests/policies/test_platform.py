@@ -4,8 +4,10 @@ be written) makes exactly the expected rule fire."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -39,8 +41,13 @@ def balloon_pod(doc: Doc, pool: str = "gpu") -> dict[str, Any]:
     return deployment["spec"]["template"]["spec"]
 
 
-def autoscaler_container(doc: Doc) -> dict[str, Any]:
-    (deployment,) = objects(doc, "Deployment", "autoscaler")
+def container(doc: Doc) -> dict[str, Any]:
+    """A container of the layer's to change: the scheduler-plugins controller's."""
+    (deployment,) = [
+        d
+        for d in objects(doc, "Deployment", "gang-scheduling")
+        if d["metadata"]["name"] == "scheduler-plugins-controller"
+    ]
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
@@ -49,9 +56,18 @@ def priority(doc: Doc, name: str) -> dict[str, Any]:
     return pc
 
 
-def set_flag(doc: Doc, name: str, value: str) -> None:
-    command = autoscaler_container(doc)["command"]
-    command[:] = [a for a in command if not a.startswith(f"--{name}=")] + [f"--{name}={value}"]
+@dataclass(frozen=True)
+class SetFlag:
+    """A change to the autoscaler's command line, which the inventory hands its host service."""
+
+    name: str
+    value: str
+
+    def __call__(self, config: dict[str, Any]) -> None:
+        expressions = config["inventory"]["hostvar_expressions"]
+        args = json.loads(expressions["superkube_autoscaler_flags"])
+        args = [a for a in args if not a.startswith(f"--{self.name}=")] + [f"--{self.name}={self.value}"]
+        expressions["superkube_autoscaler_flags"] = json.dumps(args)
 
 
 def tolerate(toleration: dict[str, str]) -> Callable[[Doc], None]:
@@ -79,14 +95,14 @@ def shorter_jitter(doc: Doc) -> None:
 
 
 def resources(doc: Doc) -> dict[str, Any]:
-    return autoscaler_container(doc)["resources"]
+    return container(doc)["resources"]
 
 
-CASES: list[tuple[str, Callable[[Doc], None], str]] = [
+CASES: list[tuple[str, Callable[[Doc], None] | SetFlag, str]] = [
     # schema: an unknown field, a wrong type, a missing required field
     (
         "unknown field on a container",
-        set_in(autoscaler_container, "bogus", 1),
+        set_in(container, "bogus", 1),
         "platform-objects-schema-valid",
     ),
     (
@@ -94,7 +110,7 @@ CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         lambda d: objects(d, "Deployment", "balloons")[0]["spec"].__setitem__("replicas", "many"),
         "platform-objects-schema-valid",
     ),
-    ("container without a name", del_in(autoscaler_container, "name"), "platform-objects-schema-valid"),
+    ("container without a name", del_in(container, "name"), "platform-objects-schema-valid"),
     (
         "FlowSchema without a level",
         lambda d: objects(d, "FlowSchema")[0]["spec"].pop("priorityLevelConfiguration"),
@@ -123,7 +139,7 @@ CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     ),
     (
         "cutoff raised above balloons",
-        lambda d: set_flag(d, "expendable-pods-priority-cutoff", "-5"),
+        SetFlag("expendable-pods-priority-cutoff", "-5"),
         "platform-balloon-priority-window",
     ),
     # preflight toleration: by key (Equal and Exists), and by a key-less Exists
@@ -155,65 +171,61 @@ CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     # privileged: the flag, and capabilities that amount to it
     (
         "privileged container",
-        lambda d: autoscaler_container(d)["securityContext"].__setitem__("privileged", True),
+        lambda d: container(d)["securityContext"].__setitem__("privileged", True),
         "platform-container-privileged",
     ),
     (
         "SYS_ADMIN added",
-        lambda d: autoscaler_container(d)["securityContext"]["capabilities"].__setitem__(
-            "add", ["SYS_ADMIN"]
-        ),
+        lambda d: container(d)["securityContext"]["capabilities"].__setitem__("add", ["SYS_ADMIN"]),
         "platform-container-privileged",
     ),
     (
         "all capabilities added",
-        lambda d: autoscaler_container(d)["securityContext"]["capabilities"].__setitem__("add", ["all"]),
+        lambda d: container(d)["securityContext"]["capabilities"].__setitem__("add", ["all"]),
         "platform-container-privileged",
     ),
     # images: untagged, latest, tag on a registry with a port but none on the image
     (
         "untagged image",
-        set_in(autoscaler_container, "image", "registry.k8s.io/autoscaling/cluster-autoscaler"),
+        set_in(container, "image", "registry.k8s.io/scheduler-plugins/controller"),
         "platform-image-pinned",
     ),
     (
         "latest image",
-        set_in(autoscaler_container, "image", "registry.k8s.io/autoscaling/cluster-autoscaler:latest"),
+        set_in(container, "image", "registry.k8s.io/scheduler-plugins/controller:latest"),
         "platform-image-pinned",
     ),
     (
         "registry port, no tag",
-        set_in(autoscaler_container, "image", "registry.example:5000/cluster-autoscaler"),
+        set_in(container, "image", "registry.example:5000/controller"),
         "platform-image-pinned",
     ),
     # discovery: another cluster's name, a filter that is not a label filter, a pool the filter misses, unknown flag
     (
         "discovery names another cluster",
-        lambda d: set_flag(
-            d,
-            "node-group-auto-discovery",
-            "label:cluster-autoscaler-enabled=true,cluster-autoscaler-name=other",
+        SetFlag(
+            "node-group-auto-discovery", "label:cluster-autoscaler-enabled=true,cluster-autoscaler-name=other"
         ),
         "platform-autoscaler-discovery",
     ),
     (
         "discovery by ASG syntax",
-        lambda d: set_flag(d, "node-group-auto-discovery", "asg:tag=k8s.io/cluster-autoscaler/enabled"),
+        SetFlag("node-group-auto-discovery", "asg:tag=k8s.io/cluster-autoscaler/enabled"),
         "platform-autoscaler-discovery",
     ),
     ("one pool tagged for another cluster", untag_one_pool, "platform-autoscaler-discovery"),
     (
         "a flag the release lacks",
-        lambda d: set_flag(d, "scale-up-rate", "5"),
+        SetFlag("scale-up-rate", "5"),
         "platform-autoscaler-discovery",
     ),
     # join rate: bigger batches, faster scans, a shorter jitter
     (
         "1000 nodes per scale-up",
-        lambda d: set_flag(d, "max-nodes-per-scaleup", "1000"),
+        SetFlag("max-nodes-per-scaleup", "1000"),
         "platform-autoscaler-join-rate",
     ),
-    ("2 s scans", lambda d: set_flag(d, "scan-interval", "2s"), "platform-autoscaler-join-rate"),
+    ("2 s scans", SetFlag("scan-interval", "2s"), "platform-autoscaler-join-rate"),
     ("5 s join jitter", shorter_jitter, "platform-autoscaler-join-rate"),
 ]
 
@@ -230,18 +242,22 @@ def fired(doc: Doc, config: checks.RuleConfig) -> set[str]:
 
 def test_the_flagship_in_cluster_layer_passes(flagship: tuple[Doc, checks.RuleConfig]) -> None:
     doc, config = flagship
-    assert objects(doc, "Deployment", "autoscaler") and objects(doc, "Deployment", "balloons")
+    assert json.loads(config.inventory["hostvar_expressions"]["superkube_autoscaler_flags"])
+    assert objects(doc, "Deployment", "balloons")
     assert fired(doc, config) == set()
 
 
 @pytest.mark.parametrize(("mutate", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_one_change_fires_its_rule(
-    mutate: Callable[[Doc], None], rule: str, flagship: tuple[Doc, checks.RuleConfig]
+    mutate: Callable[[Doc], None] | SetFlag, rule: str, flagship: tuple[Doc, checks.RuleConfig]
 ) -> None:
     doc, config = flagship
-    changed = copy.deepcopy(doc)
-    mutate(changed)
-    got = fired(changed, config)
+    changed, settings = copy.deepcopy(doc), config.to_dict()
+    if isinstance(mutate, SetFlag):
+        mutate(settings)
+    else:
+        mutate(changed)
+    got = fired(changed, checks.RuleConfig.from_dict(settings))
     assert rule in got, f"expected {rule}, got {sorted(got)}"
     # schema problems may also trip a rule that reads the same field; otherwise only this rule fires
     assert got & PLATFORM <= {rule, "platform-objects-schema-valid"}, sorted(got)

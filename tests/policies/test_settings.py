@@ -74,3 +74,49 @@ def test_remediations_name_only_settings_that_exist() -> None:
     for rule in ALL_RULES:
         for key in re.findall(r"superkube:([a-z_]+)", rule.remediation):
             assert key in CONFIG_KEYS, f"{rule.name} tells users to set superkube:{key}, which does not exist"
+
+
+def test_a_one_node_gpu_cluster_autoscales_with_no_cpu_pool(write_stack: Any) -> None:
+    """One GPU pool that may scale to zero, the autoscaler on: it runs on the API-server hosts, which
+    are always there, so the stack plans and passes every rule."""
+    import yaml
+
+    from superkube.cluster.inventory import cluster_facts
+    from tests.conftest import dev_config
+
+    config = dev_config()
+    (gpu,) = [p for p in yaml.safe_load(config["superkube:node_pools"]) if p["role"] == "gpu"]
+    config["superkube:node_pools"] = yaml.safe_dump([{**gpu, "nodes": 1, "min_nodes": 0}], sort_keys=False)
+    plan = planning.run(ROOT, str(write_stack(config)))
+    assert plan.spec.autoscaler_enabled and [p.role for p in plan.spec.node_pools] == ["gpu"]
+    result = report(plan.to_dict(), checks.rule_config(plan.spec, plan.addresses))
+    assert [f"{v.rule}: {v.message}" for v in result.violations] == []
+    assert cluster_facts(plan.spec, plan.addresses)["autoscaler_flags"]  # the host service has its flags
+    assert not any(
+        r.inputs.get("identity") for r in plan.of_type("azure-native:compute:VirtualMachineScaleSet")
+    )
+
+
+def test_the_autoscaler_identity_rule_fires_on_a_node_pool_identity(
+    fixed_size: Plan, flagship_plan: Plan
+) -> None:
+    doc = copy.deepcopy(flagship_plan.to_dict())
+    vmss = next(r for r in doc["resources"] if r["type"] == "azure-native:compute:VirtualMachineScaleSet")
+    vmss["inputs"]["identity"] = {"type": "UserAssigned", "userAssignedIdentities": ["/subscriptions/x/id"]}
+    fired = {
+        v.rule
+        for v in report(doc, checks.rule_config(flagship_plan.spec, flagship_plan.addresses)).violations
+    }
+    assert fired == {"compute-autoscaler-identity-on-apiservers"}
+    # with the autoscaler off, the API servers carry no autoscaler identity tag
+    doc = copy.deepcopy(fixed_size.to_dict())
+    vm = next(
+        r
+        for r in doc["resources"]
+        if r["type"] == "azure-native:compute:VirtualMachine" and "apiservers" in r["name"]
+    )
+    vm["inputs"]["tags"]["superkube-autoscaler-identity"] = "x"
+    fired = {
+        v.rule for v in report(doc, checks.rule_config(fixed_size.spec, fixed_size.addresses)).violations
+    }
+    assert fired == {"compute-autoscaler-identity-on-apiservers"}

@@ -1,7 +1,13 @@
 """cluster-autoscaler facts named once: discovery tags, the pinned release, and the join-rate model.
 
 The scale sets' tags (modules/compute/node_pool.py) and the autoscaler's `--node-group-auto-discovery`
-flag (modules/platform/autoscaler.py) are both made from `discovery_tags`, so they cannot drift.
+flag (`flags`) are both made from `discovery_tags`, so they cannot drift.
+
+Where it runs: a host service on the API-server VMs (role cluster_autoscaler), beside the scheduler
+and the controller-manager, with leader election. A pod would need a node that is always there,
+which a cluster whose GPU pools scale to zero (and that has no CPU pool) does not have; the
+API-server hosts always are. It acts on Azure as a user-assigned identity those VMs carry (`IDENTITY_TAG`
+names it) and on the cluster as the user `USER`, with a client certificate from the cluster's PKI.
 
 The join-rate model (`peak_join_rate_per_second`): cluster-autoscaler adds at most
 `max_nodes_per_scaleup` nodes per scan (its FAQ: not meant as a rate limit, but while pods stay
@@ -37,6 +43,15 @@ def template_tag(kind: str, name: str) -> str:
     (kind `label`, `taint` or `resources`); Azure tag names cannot hold '/', which becomes '_'."""
     return f"{NODE_TEMPLATE}_{kind}_{name.replace('/', '_')}"
 
+
+USER = "cluster-autoscaler"
+"""The Kubernetes user the autoscaler acts as (its client certificate's CN; RBAC binds this user)."""
+NAMESPACE = "kube-system"
+"""Where its leader-election lease and status ConfigMap live."""
+IDENTITY_TAG = "superkube-autoscaler-identity"
+"""Tag on the API-server VMs: client ID of the user-assigned identity the autoscaler uses there."""
+SCOPE_TAG = "superkube-autoscaler-scope"
+"""Tag on the API-server VMs: the resource group (ID) whose scale sets the autoscaler resizes."""
 
 ENABLED_TAG = "cluster-autoscaler-enabled"
 NAME_TAG = "cluster-autoscaler-name"
@@ -108,3 +123,27 @@ def peak_join_rate_per_second(nodes: int, per_scaleup: int, scan_interval: float
 def max_nodes_total(spec: ClusterSpec) -> int:
     """The node-count ceiling: the spec's, or every pool's capacity added up."""
     return spec.autoscaler_max_nodes_total or sum(p.nodes for p in spec.node_pools)
+
+
+def flags(spec: ClusterSpec, cluster: str) -> list[str]:
+    """The autoscaler's command line from the spec; every flag is one of the pinned release's.
+
+    Where it finds its kubeconfig is the host's (the role adds it); everything the cluster's shape
+    decides is here, so the plan, the policy rules and the host read one list."""
+    return [
+        "--cloud-provider=azure",
+        f"--node-group-auto-discovery={auto_discovery_flag(cluster)}",
+        "--balance-similar-node-groups=true",  # a pool is several scale sets over zones: grow them evenly
+        "--expander=least-waste",
+        f"--max-nodes-total={max_nodes_total(spec)}",
+        f"--max-nodes-per-scaleup={spec.autoscaler_max_nodes_per_scaleup}",
+        f"--scan-interval={spec.autoscaler_scan_interval_seconds}s",
+        f"--max-total-unready-percentage={spec.autoscaler_max_total_unready_percentage}",
+        f"--ok-total-unready-count={spec.autoscaler_ok_total_unready_count}",
+        f"--new-pod-scale-up-delay={spec.autoscaler_new_pod_scale_up_delay_seconds}s",
+        f"--max-node-provision-time={spec.autoscaler_max_node_provision_minutes}m",
+        f"--expendable-pods-priority-cutoff={EXPENDABLE_CUTOFF}",
+        "--skip-nodes-with-local-storage=false",  # training pods use emptyDir scratch; they must not pin nodes
+        "--leader-elect=true",
+        f"--leader-elect-resource-namespace={NAMESPACE}",
+    ]

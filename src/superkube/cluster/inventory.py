@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from superkube.cluster import kube
+from superkube.cluster import autoscaling, kube
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -28,6 +28,9 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "node_cidrs": [spoke],
         "kubernetes_version": spec.kubernetes_version,
         "apiserver_address": str(addresses.apiserver_lb_ip),
+        # cluster-autoscaler's command line for its host service on the API servers (none: not run)
+        "autoscaler_flags": autoscaling.flags(spec, addresses.cluster) if spec.autoscaler_enabled else [],
+        "autoscaler_user": autoscaling.USER,
         **kube.facts(spec, addresses),
     }
 
@@ -53,6 +56,9 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             **{k: json.dumps(v) if isinstance(v, list | dict) else f"'{v}'" for k, v in facts.items()},
             # a scale-set instance's pool, from the tag NodePool sets (empty on the control plane)
             "superkube_pool": "tags['superkube-pool'] | default('')",
+            # on the API servers: the identity cluster-autoscaler uses and the group it acts in
+            "superkube_autoscaler_identity": f"tags['{autoscaling.IDENTITY_TAG}'] | default('')",
+            "superkube_autoscaler_scope": f"tags['{autoscaling.SCOPE_TAG}'] | default('')",
         },
         "exclude_host_filters": [f"tags['cluster'] | default('') != '{cluster}'", "powerstate != 'running'"],
         "keyed_groups": [

@@ -443,7 +443,7 @@ class ClusterSpec(_Model):
     )
     autoscaler_enabled: bool = Field(
         default=True,
-        description="Tag every pool for cluster-autoscaler discovery (min/max and node templates).",
+        description="Run cluster-autoscaler on the API-server hosts and tag every pool for its discovery (min/max and node templates).",
     )
     autoscaler_join_jitter_seconds: int = Field(
         default=300,
@@ -619,17 +619,6 @@ class ClusterSpec(_Model):
             seen.add(pool.name)
         if not any(p.role == "gpu" for p in self.node_pools):
             raise SpecError(f"{NAMESPACE}:node_pools", "has no gpu pool", "add a pool with role: gpu")
-        if (
-            self.in_cluster_layer
-            and self.autoscaler_enabled
-            and not any(p.role == "cpu" and p.min_nodes >= 1 for p in self.node_pools)
-        ):
-            raise SpecError(
-                f"{NAMESPACE}:node_pools",
-                "has no cpu pool with min_nodes >= 1 for cluster-autoscaler to run on (it cannot add the "
-                "node it needs itself)",
-                "add a pool with role: cpu and min_nodes: 1, or set superkube:autoscaler_enabled false",
-            )
         return self
 
     def name(self, stack: str) -> str:
