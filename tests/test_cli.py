@@ -168,10 +168,11 @@ def test_check_refuses_a_saved_plan_and_a_stack_together(tmp_path: Path) -> None
     assert "a saved plan names its own stack; give one of them" in result.stderr
 
 
-def test_a_reader_that_stops_early_is_not_an_error() -> None:
+@pytest.mark.parametrize("output", ["json", "table"])
+def test_a_reader_that_stops_early_is_not_an_error(output: str) -> None:
     """`superkube plan | head -1`: exit 0 and nothing on stderr once the reader has its line."""
     proc = subprocess.run(
-        f"{shlex.quote(sys.executable)} -m superkube.cli plan -s dev -o json | head -c 1; "
+        f"{shlex.quote(sys.executable)} -m superkube.cli plan -s flagship -o {output} | head -c 1; "
         "echo; echo status=${PIPESTATUS[0]}",
         shell=True,
         executable="/bin/bash",
@@ -179,7 +180,9 @@ def test_a_reader_that_stops_early_is_not_an_error() -> None:
         text=True,
         timeout=120,
     )
-    assert proc.stdout.splitlines() == ["{", "status=0"], proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == ["{" if output == "json" else "s", "status=0"], (
+        proc.stdout + proc.stderr
+    )
     assert proc.stderr == ""
 
 
@@ -211,3 +214,19 @@ def test_a_pools_default_egress_limit_is_planned_tagged_and_shown(write_stack: C
     }
     # the nodes read this tag from instance metadata at boot (bits per second)
     assert tags == {pools[0]["name"]: None, pools[1]["name"]: "500000000"}
+
+
+def test_leaving_early_still_runs_the_exit_handlers_and_keeps_the_status(tmp_path: Path) -> None:
+    """The CLI skips the interpreter's teardown; exit handlers, flushed output and the status stay."""
+    marker = tmp_path / "exit-handler-ran"
+    program = (
+        "import atexit, pathlib, sys\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "from superkube.cli import main\n"
+        "sys.argv = ['superkube', 'plan', '--stack', 'no-such-stack']\n"
+        "print('before', end='')\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, marker.read_text()) == (2, "before", "yes")
+    assert "no such stack file" in proc.stderr

@@ -15,7 +15,18 @@ from rich.markup import escape
 
 from superkube.model.spec import SpecError
 
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
+
+class _Output(Console):
+    """stdout: a reader that closes the pipe early (`superkube plan | head`) had what it wanted."""
+
+    def on_broken_pipe(self) -> None:
+        try:
+            super().on_broken_pipe()  # goes quiet and points stdout at /dev/null, then exits 1
+        except SystemExit:
+            raise SystemExit(0) from None
+
+
+out = _Output(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, soft_wrap=True)
 
 USER_ERROR = 2

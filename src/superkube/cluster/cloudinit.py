@@ -165,4 +165,5 @@ def decode(custom_data: str) -> dict[str, object]:
     text = base64.b64decode(custom_data).decode()
     if not text.startswith("#cloud-config\n"):
         raise ValueError("custom data is not a #cloud-config document")
-    return yaml.safe_load(text)
+    # libyaml's safe loader: the policy rules decode every VM's and scale set's custom data
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

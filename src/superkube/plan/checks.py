@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from superkube.model.ipam import AZURE_LIMITS, AddressPlan
 from superkube.model.spec import NAMESPACE, ClusterSpec, PolicyOverride, SpecError
+from superkube.plan import collector
 
 Severity = Literal["critical", "high", "medium", "low"]
 Enforcement = Literal["mandatory", "advisory", "disabled"]
@@ -276,29 +277,30 @@ def evaluate(
     overrides = overrides or {}
     names = {r.urn: r.name for r in view.resources}
     outcomes = []
-    for rule in rules:
-        override = overrides.get(rule.name)
-        enforcement: Enforcement = override.enforcement if override else rule.enforcement
-        findings: list[Finding] = [] if enforcement == "disabled" else list(rule.check(view, config))
-        outcomes.append(
-            RuleOutcome(
-                rule=rule,
-                enforcement=enforcement,
-                reason=override.reason if override else None,
-                violations=tuple(
-                    Violation(
-                        rule=rule.name,
-                        severity=rule.severity,
-                        enforcement=enforcement,
-                        message=f.message,
-                        urn=f.urn,
-                        resource=names.get(f.urn, "(stack)") if f.urn else "(stack)",
-                        remediation=rule.remediation,
-                    )
-                    for f in findings
-                ),
+    with collector.paused():
+        for rule in rules:
+            override = overrides.get(rule.name)
+            enforcement: Enforcement = override.enforcement if override else rule.enforcement
+            findings: list[Finding] = [] if enforcement == "disabled" else list(rule.check(view, config))
+            outcomes.append(
+                RuleOutcome(
+                    rule=rule,
+                    enforcement=enforcement,
+                    reason=override.reason if override else None,
+                    violations=tuple(
+                        Violation(
+                            rule=rule.name,
+                            severity=rule.severity,
+                            enforcement=enforcement,
+                            message=f.message,
+                            urn=f.urn,
+                            resource=names.get(f.urn, "(stack)") if f.urn else "(stack)",
+                            remediation=rule.remediation,
+                        )
+                        for f in findings
+                    ),
+                )
             )
-        )
     return Report(stack=stack, cluster=config.cluster, outcomes=outcomes, source=source)
 
 

@@ -32,6 +32,7 @@ from superkube.model import strictyaml, vmsizes
 from superkube.model.ipam import AddressPlan, plan_addresses
 from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, YAML_KEYS, ClusterSpec, SpecError, from_config
 from superkube.model.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
+from superkube.plan import collector
 
 PROJECT = "superkube"
 MOCK_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
@@ -512,7 +513,8 @@ def run(project: Path, stack: str) -> Plan:
             asyncio.set_event_loop(None)
 
     try:
-        recorded, outputs = contextvars.Context().run(body)
+        with collector.paused():
+            recorded, outputs = contextvars.Context().run(body)
     except pulumi.RunError as exc:
         raise PlanError(str(exc)) from None
     except (ValueError, TypeError, KeyError) as exc:
