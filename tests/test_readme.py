@@ -1,9 +1,18 @@
-"""The README describes the tree as it is: every role, every benchmark, and the two set-up commands."""
+"""The README describes the tree as it is: every role, every benchmark, the two set-up commands and
+the figures, which must be what bench/results/ and the code say."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+from typing import Any
 
+import pytest
+
+from policies.rules import ALL_RULES
+from superkube.plan import engine as planning
+from superkube.plan import layer
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -26,3 +35,52 @@ def test_exactly_two_set_up_commands() -> None:
     block = section[section.index("```sh") : section.index("```", section.index("```sh") + 5)]
     commands = [line.split("#")[0].strip() for line in block.splitlines()[1:] if line.strip()]
     assert commands == ["make plan", "make test"]
+
+
+def _figures() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_figures", ROOT / "bench" / "figures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["summary", "monitoring"])
+def test_the_figures_are_what_the_results_and_the_code_say(name: str) -> None:
+    figures = _figures()
+    assert figures.readme_block(README, name) == figures.block(name), (
+        "run: .venv/bin/python bench/figures.py --write"
+    )
+
+
+def test_the_sizing_sentence_says_what_the_results_say() -> None:
+    section = " ".join(README[README.index("**Sizing the flagship**") :].split())
+    assert [p for p in _figures().sizing_phrases() if p not in section] == []
+
+
+def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) -> None:
+    """A results file taken on another rule set, layer or plan is stale: re-run its benchmark."""
+    results = {
+        name: json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
+        for name in ("check", "render")
+    }
+    stale = []
+    if results["check"]["rules"] != len(ALL_RULES):
+        stale.append(
+            f"check.json: {results['check']['rules']} rules, today {len(ALL_RULES)} (bench/check.py)"
+        )
+    if results["check"]["resources"] != len(flagship_plan.resources):
+        stale.append(
+            f"check.json: {results['check']['resources']} resources, today {len(flagship_plan.resources)}"
+        )
+    objects = sum(len(docs) for docs in layer.objects(flagship_plan).values())
+    if results["render"]["objects"] != objects:
+        stale.append(
+            f"render.json: {results['render']['objects']} objects, today {objects} (bench/render.py)"
+        )
+    assert stale == []
+
+
+def test_the_rule_count_in_the_text_is_todays() -> None:
+    counts = {int(n) for n in re.findall(r"evaluates (\d+) rules", README)}
+    assert counts == {len(ALL_RULES)}

@@ -1,0 +1,214 @@
+"""The README's figures, made from bench/results/ and the code, so they cannot drift from either.
+
+Run: .venv/bin/python bench/figures.py           (prints the blocks)
+     .venv/bin/python bench/figures.py --write   (rewrites them between the README's figure markers)
+tests/test_readme.py fails when a README block is not what this prints, when the monitoring section's
+sizing sentence says other figures than `sizing_phrases`, and when a results file was measured on a
+tree that has changed since (another rule count, object count or resource count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+RESULTS = ROOT / "bench" / "results"
+
+SCRAPE_INTERVAL_S = 30
+SERIES_ALLOWANCE = (
+    4  # kubelets, cAdvisor and 96-CPU hosts the lab cannot show: four times the measured series
+)
+GB = 10**9
+
+
+def results(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def _days(text: str) -> int:
+    """VictoriaMetrics' -retentionPeriod (90d, 1y, 6m...) in days."""
+    number, unit = int(text[:-1]), text[-1]
+    return number * {"d": 1, "w": 7, "m": 31, "y": 365}[unit]
+
+
+def store_sizing() -> dict[str, float]:
+    """How long the flagship's metrics store holds its samples, from the measured series and bytes."""
+    from superkube.plan import engine as planning
+
+    _, spec, addresses = planning.load(ROOT, "flagship")
+    monitoring = results("monitoring")
+    per_host = sum(v["after"] for k, v in monitoring["series_per_host"].items() if "exporter" in k)
+    series = addresses.capacity["nodes"] * per_host
+    gb_per_day = (
+        series / SCRAPE_INTERVAL_S * 86_400 * monitoring["store"]["victoriametrics_bytes_per_sample"] / GB
+    )
+    role = yaml.safe_load((ROOT / "playbooks/roles/metrics_store/defaults/main.yml").read_text())
+    raw_gb = spec.metrics_store_count * spec.metrics_store_disk_gb * 2**30 / GB
+    usable_gb = raw_gb / role["metrics_store_replication_factor"]
+    return {
+        "nodes": addresses.capacity["nodes"],
+        "series_per_node": per_host,
+        "series_m": series / 1e6,
+        "samples_per_s": series / SCRAPE_INTERVAL_S,
+        "gb_per_day": gb_per_day,
+        "hosts": spec.metrics_store_count,
+        "disk_gib": spec.metrics_store_disk_gb,
+        "replication": role["metrics_store_replication_factor"],
+        "days_measured": usable_gb / gb_per_day,
+        "days_allowance": usable_gb / (gb_per_day * SERIES_ALLOWANCE),
+        "retention_days": _days(role["metrics_store_retention"]),
+    }
+
+
+def rule_count() -> int:
+    from policies.rules import ALL_RULES
+
+    return len(ALL_RULES)
+
+
+def summary_table() -> str:
+    plan, check, rendered = results("plan"), results("check"), results("render")
+    storm = results("join_storm")
+    flagship = next(v for k, v in storm["scenarios"].items() if k.startswith("stack "))
+    upstream = next(v for k, v in storm["scenarios"].items() if k.startswith("upstream"))
+    hook = results("team_webhook")
+    store = store_sizing()
+    met = "met" if check["check_adds_s"] < 1 else "missed"
+    rows = [
+        ("rules `superkube check` evaluates", f"{rule_count()}", "policies/rules"),
+        (
+            "the flagship's `superkube plan` as a whole process (median)",
+            f"{plan['flagship_cold_cli_s_median']:.2f} s (target < 2 s)",
+            "plan.json",
+        ),
+        ("`superkube --help` (median)", f"{plan['help_s_median']:.2f} s (target < 0.5 s)", "plan.json"),
+        (
+            "resources in the flagship's plan",
+            f"{plan['rows'][-1]['resources']:,} ({plan['rows'][0]['resources']:,} at 75 GPU nodes)",
+            "plan.json",
+        ),
+        (
+            "what `check` adds to the flagship's `plan` (whole processes)",
+            f"{check['check_adds_s']:.2f} s (target < 1 s: {met})",
+            "check.json",
+        ),
+        (
+            "objects in the flagship's in-cluster layer; render and validate them (warm)",
+            f"{rendered['objects']}; {rendered['render_validate_warm_s_median'] * 1000:.0f} ms",
+            "render.json",
+        ),
+        (
+            "a full scale-up of the flagship's GPU pool: the rule's formula, the simulation's busiest minute",
+            f"{60 * flagship['formula_joins_per_second']:.0f} / {flagship['peak_joins_per_minute']:.0f} nodes a minute "
+            f"(safe: {storm['safe_join_rate_per_minute']})",
+            "join_storm.json",
+        ),
+        (
+            "the same scale-up: minutes until every node joined (upstream defaults: busiest minute)",
+            f"{flagship['span_minutes']:.1f} ({upstream['peak_joins_per_minute']:,.0f} nodes a minute)",
+            "join_storm.json",
+        ),
+        (
+            "the flagship's series and samples (measured per node x nodes, 30 s scrapes)",
+            f"{store['series_m']:.1f} M series, {store['samples_per_s']:,.0f} samples/s, "
+            f"{store['gb_per_day']:.0f} GB a day",
+            "monitoring.json",
+        ),
+        (
+            f"days the store holds ({store['hosts']} hosts x {store['disk_gib']:,} GiB, replication "
+            f"{store['replication']}): measured rate / {SERIES_ALLOWANCE}x allowance",
+            f"{store['days_measured']:,.0f} / {store['days_allowance']:,.0f} (retention {store['retention_days']} days)",
+            "monitoring.json, flagship stack, metrics_store role",
+        ),
+        (
+            "team webhook admission p99 at 1 / 4 / 32 reviews in flight",
+            " / ".join(f"{hook[f'in_flight_{n}']['p99_ms']:.2f}" for n in (1, 4, 32)) + " ms",
+            "team_webhook.json",
+        ),
+    ]
+    return _table(("figure", "value", "from"), rows)
+
+
+def monitoring_table() -> str:
+    """The monitoring section's measured table, from bench/monitoring.py's results."""
+    monitoring = results("monitoring")
+    per_host, store = monitoring["series_per_host"], monitoring["store"]
+    labels = {
+        "node-exporter": "node-exporter series per lab host, before -> after the drop rules",
+        "iptables-exporter": "iptables exporter series per host",
+        "etcd": "a real etcd member's page",
+        "apiserver (synthetic page)": "an API-server-shaped page (synthetic: 20 label sets of the request histogram)",
+    }
+    rows = [(labels[k], f"{v['before']:,.0f} -> {v['after']:,.0f}") for k, v in per_host.items()]
+    rows += [
+        (
+            f"ingestion into VictoriaMetrics (import of {store['samples']:,} samples until all are queryable)",
+            f"{store['ingest_samples_per_second']:,.0f} samples/s",
+        ),
+        (
+            "bytes per sample on disk: VictoriaMetrics vs a Prometheus TSDB block of the same data",
+            f"{store['victoriametrics_bytes_per_sample']:.2f} vs {store['prometheus_tsdb_bytes_per_sample']:.2f}",
+        ),
+    ]
+    return _table(("what", "measured"), rows)
+
+
+def sizing_phrases() -> list[str]:
+    """The monitoring section's sizing sentence, figure by figure, as the README must say it."""
+    store = store_sizing()
+    return [
+        f"The flagship's {store['nodes']:,} nodes at {store['series_per_node']:,.0f} series each",
+        f"at least {store['series_m']:.1f} M series",
+        f"{round(store['samples_per_s'], -3):,.0f} samples/s",
+        f"{store['gb_per_day']:.0f} GB a day",
+        f"{results('monitoring')['store']['victoriametrics_bytes_per_sample']:.1f} bytes per sample",
+        f"about {store['series_m'] * SERIES_ALLOWANCE:.0f} M series, "
+        f"{store['samples_per_s'] * SERIES_ALLOWANCE / 1e6:.1f} M samples/s",
+    ]
+
+
+BLOCKS = {"summary": summary_table, "monitoring": monitoring_table}
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- figures:{name}:begin (bench/figures.py --write) -->", f"<!-- figures:{name}:end -->"
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def block(name: str) -> str:
+    begin, end = markers(name)
+    return "\n".join([begin, BLOCKS[name](), end])
+
+
+def readme_block(text: str, name: str) -> str:
+    begin, end = markers(name)
+    return text[text.index(begin) : text.index(end) + len(end)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the README's blocks")
+    args = parser.parse_args()
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name in BLOCKS:
+        text = text.replace(readme_block(text, name), block(name))
+        print(block(name))
+    if args.write:
+        readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
