@@ -54,4 +54,5 @@ bench: install-test debian-deps
 	$(BIN)/python bench/pod_network.py
 	$(BIN)/python bench/monitoring.py
 	$(BIN)/python bench/team_webhook.py
+	$(BIN)/python bench/build.py
 	$(BIN)/python bench/figures.py --write

@@ -80,6 +80,7 @@ def summary_table() -> str:
     flagship = next(v for k, v in storm["scenarios"].items() if k.startswith("stack "))
     upstream = next(v for k, v in storm["scenarios"].items() if k.startswith("upstream"))
     hook = results("team_webhook")
+    built = results("build")
     store = store_sizing()
     met = "met" if check["check_adds_s"] < 1 else "missed"
     rows = [
@@ -132,6 +133,20 @@ def summary_table() -> str:
             "team webhook admission p99 at 1 / 4 / 32 reviews in flight",
             " / ".join(f"{hook[f'in_flight_{n}']['p99_ms']:.2f}" for n in (1, 4, 32)) + " ms",
             "team_webhook.json",
+        ),
+        (
+            "`superkube lab build` from empty caches: etcd / Kubernetes / scheduler-plugins; in all",
+            " / ".join(
+                f"{built['cold_per_component_s'][c]:.0f}" for c in ("etcd", "kubernetes", "scheduler-plugins")
+            )
+            + f" s; {built['cold_s'] / 60:.1f} min",
+            "build.json",
+        ),
+        (
+            "`superkube lab build` again (nothing to build); peak memory of one go process; Go's caches after",
+            f"{built['warm_s']:.2f} s; {built['peak_go_rss_mb'] / 1024:.1f} GiB; "
+            f"{(built['disk_mb']['go-build'] + built['disk_mb']['go-mod']) / 1024:.1f} GiB",
+            "build.json",
         ),
     ]
     return _table(("figure", "value", "from"), rows)

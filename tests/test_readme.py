@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from policies.rules import ALL_RULES
+from superkube.lab import build
 from superkube.plan import engine as planning
 from superkube.plan import layer
 from tests.conftest import ROOT
@@ -62,7 +63,7 @@ def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) 
     """A results file taken on another rule set, layer or plan is stale: re-run its benchmark."""
     results = {
         name: json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text())
-        for name in ("check", "render")
+        for name in ("check", "render", "build")
     }
     stale = []
     if results["check"]["rules"] != len(ALL_RULES):
@@ -77,6 +78,11 @@ def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) 
     if results["render"]["objects"] != objects:
         stale.append(
             f"render.json: {results['render']['objects']} objects, today {objects} (bench/render.py)"
+        )
+    pins = {c.name: c.version for c in build.components()}
+    if results["build"]["versions"] != pins:
+        stale.append(
+            f"build.json: built {results['build']['versions']}, today's pins {pins} (bench/build.py)"
         )
     assert stale == []
 

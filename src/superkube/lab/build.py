@@ -1,0 +1,502 @@
+"""The pinned components, built from their published Go modules into a cache keyed by version.
+
+Production installs the release artefacts the roles pin (kube_component's release-<minor>.yml);
+the lab runs the same components built here from their Go modules at the same versions, since no
+release download can be reached from the lab's machine. Nothing upstream is vendored or committed:
+each build is a throwaway module of a few lines (written in a temporary folder) that requires the
+component's module at its pinned version and names the commands to build as tools.
+
+    <cache>/<component>/<version>/go<go version>/
+        bin/<binary>...        the binaries, static (CGO_ENABLED=0, as the releases are)
+        manifest.json          component, module, version, Go version, sha256 of each binary
+        go.mod, go.sum         the build module, as resolved: what went into the binaries
+        build.log              everything go printed
+
+A second run finds the manifest, checks each binary's sha256 against it, and builds nothing. A build
+is made in a sibling folder and renamed into place, under a lock per component, so an interrupted or
+concurrent run never leaves a half-built entry that looks done.
+
+Kubernetes publishes its staging modules (k8s.io/api, k8s.io/apiserver, ...) in its go.mod at v0.0.0
+with no replace directives; the build module replaces each with its published release (v0.35.0 for
+v1.35.0). scheduler-plugins pins its Kubernetes libraries with replace directives, which only apply
+in the main module: the build module repeats them. Both are read from the modules' own go.mod files
+through the module proxy at build time, never written down here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from superkube.cluster.gang import RELEASES, scheduler_plugins_version
+
+CACHE_DIR = Path(os.environ.get("SUPERKUBE_BUILD_CACHE", "/var/cache/superkube/build"))
+MANIFEST = "manifest.json"
+RECIPE = 2
+"""Bump when how a component is built changes: entries made by another recipe are built again."""
+HEARTBEAT_S = 30.0
+
+Progress = Callable[[str, str], None]
+"""progress(component, what is happening now)."""
+
+
+class BuildError(Exception):
+    """A build that failed: one line naming the component, the step, and where the full log is."""
+
+
+class PinError(ValueError):
+    """A request for a component or version that cannot be: one line saying what to ask instead."""
+
+
+NAMES = ("etcd", "kubernetes", "scheduler-plugins")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One pinned upstream project, built from its Go module."""
+
+    name: str
+    module: str
+    version: str
+    binaries: Mapping[str, str]
+    """binary name -> the Go package (a main package) it is built from"""
+    also_require: Mapping[str, str] = field(default_factory=dict)
+    """further modules the commands come from, at their versions (etcdctl is its own module)"""
+    replaces: str = ""
+    """how the build module's replace directives are made: "staging" or "copy" (see the module doc)"""
+    ldflags: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+def _version_ldflags(version: str, commit: str = "") -> tuple[str, ...]:
+    """What Kubernetes' own build stamps into component-base and client-go (`--version`, /version)."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.gitVersion={version}", f"-X {package}.gitMajor={major}"]
+        flags += [f"-X {package}.gitMinor={minor}", f"-X {package}.gitTreeState=clean"]
+        if commit:
+            flags.append(f"-X {package}.gitCommit={commit}")
+    return tuple(flags)
+
+
+def release(minor: str = "1.35") -> dict[str, Any]:
+    """The pinned release the roles install (kube_component's release-<minor>.yml)."""
+    path = RELEASES / f"release-{minor}.yml"
+    return dict(yaml.safe_load(path.read_text())["kube_component_release"])
+
+
+def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> list[Component]:
+    """The components the lab builds, at the versions the roles pin (or `pins`: name -> version)."""
+    pinned = release(minor)
+    versions = {
+        "etcd": f"v{pinned['etcd']['version']}",
+        "kubernetes": f"v{pinned['version']}",
+        "scheduler-plugins": scheduler_plugins_version(pinned["version"]),
+    }
+    unknown = sorted(set(pins or {}) - set(NAMES))
+    if unknown:
+        raise PinError(f"no component named {', '.join(unknown)}; the components are {', '.join(NAMES)}")
+    for name, version in (pins or {}).items():
+        if not re.fullmatch(r"v?\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?", version):
+            raise PinError(f"{name}={version}: not a release version; give one like {versions[name]}")
+        versions[name] = version if version.startswith("v") else f"v{version}"
+    etcd, kube, plugins = versions["etcd"], versions["kubernetes"], versions["scheduler-plugins"]
+    return [
+        Component(
+            name="etcd",
+            module="go.etcd.io/etcd/server/v3",
+            version=etcd,
+            binaries={"etcd": "go.etcd.io/etcd/server/v3", "etcdctl": "go.etcd.io/etcd/etcdctl/v3"},
+            also_require={"go.etcd.io/etcd/etcdctl/v3": etcd},
+        ),
+        Component(
+            name="kubernetes",
+            module="k8s.io/kubernetes",
+            version=kube,
+            binaries={
+                "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+                "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+                "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            },
+            replaces="staging",
+            # the release's commit is stamped only when building that release
+            ldflags=_version_ldflags(kube, str(pinned["commit"]) if kube == f"v{pinned['version']}" else ""),
+        ),
+        Component(
+            name="scheduler-plugins",
+            module="sigs.k8s.io/scheduler-plugins",
+            version=plugins,
+            binaries={"kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
+            replaces="copy",
+            ldflags=_version_ldflags(plugins),
+        ),
+    ]
+
+
+def go_version() -> str:
+    """The Go toolchain's version, e.g. 1.26.8 (part of the cache key: another Go, another build)."""
+    try:
+        text = subprocess.run(
+            ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True, timeout=60
+        ).stdout
+    except FileNotFoundError:
+        raise BuildError("go is not installed: install the Go toolchain (Debian: golang-go)") from None
+    return text.strip().removeprefix("go")
+
+
+@dataclass
+class Built:
+    component: Component
+    path: Path
+    """the cache entry: bin/, manifest.json, go.mod, go.sum, build.log"""
+    manifest: dict[str, Any]
+    cached: bool
+    seconds: float
+
+    def binary(self, name: str) -> Path:
+        return self.path / "bin" / name
+
+
+def entry(component: Component, go: str, cache_dir: Path = CACHE_DIR) -> Path:
+    return cache_dir / component.name / component.version / f"go{go}"
+
+
+def build_all(
+    wanted: list[Component],
+    progress: Progress = lambda component, what: None,
+    cache_dir: Path = CACHE_DIR,
+) -> list[Built]:
+    """Build each component (or find it in the cache); raises BuildError at the first that fails."""
+    go = go_version()
+    return [build(c, go, progress, cache_dir) for c in wanted]
+
+
+def build(component: Component, go: str, progress: Progress, cache_dir: Path = CACHE_DIR) -> Built:
+    started = time.monotonic()
+    target = entry(component, go, cache_dir)
+    found = _cached(target)
+    if found is not None:
+        progress(component.label, "cached")
+        return Built(component, target, found, True, time.monotonic() - started)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target.parent / f"go{go}.lock"):
+        found = _cached(target)  # another run may have built it while we waited
+        if found is not None:
+            progress(component.label, "cached")
+            return Built(component, target, found, True, time.monotonic() - started)
+        if target.exists():
+            shutil.rmtree(target)  # an entry whose binaries no longer match its manifest
+        work = Path(tempfile.mkdtemp(prefix=f"go{go}.", dir=target.parent))
+        work.chmod(0o755)  # mkdtemp makes it private; the entry is read by whoever runs the lab
+        try:
+            manifest = _build_into(component, go, work, progress)
+            work.rename(target)
+        except BaseException as exc:
+            log = target.parent / f"go{go}.failed.log"
+            with contextlib.suppress(OSError):
+                shutil.copyfile(work / "build.log", log)
+            shutil.rmtree(work, ignore_errors=True)
+            if isinstance(exc, BuildError):
+                raise BuildError(f"{exc} (full log: {log})") from None
+            raise
+    seconds = time.monotonic() - started
+    progress(component.label, f"built in {seconds:.0f} s")
+    return Built(component, target, manifest, False, seconds)
+
+
+def _cached(target: Path) -> dict[str, Any] | None:
+    """The entry's manifest when every binary it lists is there with the sha256 it records."""
+    try:
+        manifest: dict[str, Any] = json.loads((target / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("recipe") != RECIPE:
+        return None
+    binaries = manifest.get("binaries") or {}
+    for name, recorded in binaries.items():
+        path = target / "bin" / name
+        if not path.is_file() or _sha256(path) != recorded.get("sha256"):
+            return None
+    return manifest if binaries else None
+
+
+def _build_into(component: Component, go: str, work: Path, progress: Progress) -> dict[str, Any]:
+    log = work / "build.log"
+    env = {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOTOOLCHAIN": "local",
+        "GOFLAGS": "-mod=mod -buildvcs=false",
+        "GOWORK": "off",
+    }
+
+    def go_cmd(step: str, *args: str, check: bool = True) -> str:
+        return _run(component, step, ["go", *args], work, env, log, progress, check)
+
+    minor = ".".join(go.split(".")[:2])
+    (work / "go.mod").write_text(
+        f"module superkube.build/{component.name}\n\ngo {minor}\n\n"
+        f"require {component.module} {component.version}\n"
+    )
+    progress(component.label, "resolving modules")
+    for module, version in component.also_require.items():
+        go_cmd("resolving modules", "mod", "edit", f"-require={module}@{version}")
+    upstream = _upstream(component, go_cmd) if component.replaces else {}
+    replaces = _replaces(component, upstream) if component.replaces else {}
+    substituted = _substitute_refused(replaces, go_cmd)
+    if replaces:
+        go_cmd(
+            "resolving modules",
+            "mod",
+            "edit",
+            *(f"-replace={old}={new}" for old, new in sorted(replaces.items())),
+        )
+    for package in sorted(set(component.binaries.values())):
+        go_cmd("resolving modules", "mod", "edit", f"-tool={package}")
+    go_cmd("resolving modules", "mod", "tidy")
+    names = ", ".join(component.binaries)
+    progress(component.label, f"compiling {names}")
+    (work / "bin").mkdir()
+    ldflags = " ".join(("-s", "-w", *component.ldflags))
+    for name, package in component.binaries.items():
+        go_cmd(f"compiling {name}", "build", "-trimpath", f"-ldflags={ldflags}", "-o", f"bin/{name}", package)
+    compiled_in: dict[str, list[str]] = {}
+    if upstream:  # one upstream module, whose tidy go.mod names every version its commands are built at
+        pins = {r["Path"]: r["Version"] for r in upstream.get("Require") or []}
+        pins.update({old.split("@")[0]: new.split("@")[1] for old, new in replaces.items()})
+        for name in component.binaries:
+            listing = go_cmd(f"reading {name}", "version", "-m", f"bin/{name}")
+            compiled_in[name] = _check_modules(component, name, listing, pins, substituted)
+    manifest = {
+        "component": component.name,
+        "module": component.module,
+        "version": component.version,
+        "go": go,
+        "recipe": RECIPE,
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "binaries": {
+            name: {
+                "package": package,
+                "sha256": _sha256(work / "bin" / name),
+                "substitutes_compiled_in": compiled_in.get(name, []),
+            }
+            for name, package in component.binaries.items()
+        },
+        "substituted": substituted,
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
+
+
+def _upstream(component: Component, go_cmd: Callable[..., str]) -> dict[str, Any]:
+    """The component's own go.mod, as `go mod edit -json` reads it."""
+    info = json.loads(
+        go_cmd("resolving modules", "mod", "download", "-json", f"{component.module}@{component.version}")
+    )
+    doc: dict[str, Any] = json.loads(go_cmd("resolving modules", "mod", "edit", "-json", info["GoMod"]))
+    return doc
+
+
+def _replaces(component: Component, upstream: dict[str, Any]) -> dict[str, str]:
+    """The replace directives the build module needs, read from the component's own go.mod.
+
+    Every module upstream requires is pinned at upstream's version by a replace directive (a replace
+    wins over minimum version selection, so a substitute below cannot pull anything else up), then
+    upstream's own replace directives are repeated (they only apply in a main module).
+    """
+    release = "v0." + component.version.lstrip("v").split(".", 1)[1]
+    requires = upstream.get("Require") or []
+    if component.replaces == "staging" and not any(r["Version"] == "v0.0.0" for r in requires):
+        raise BuildError(f"{component.label}: its go.mod requires no staging module at v0.0.0")
+    out = {}
+    for r in requires:
+        # k8s.io/kubernetes v1.X.Y requires its staging modules at exactly v0.0.0: their releases are v0.X.Y
+        staging = component.replaces == "staging" and r["Version"] == "v0.0.0"
+        out[r["Path"]] = f"{r['Path']}@{release if staging else r['Version']}"
+    for r in upstream.get("Replace") or []:
+        new = r["New"]
+        if not new.get("Version"):
+            continue  # a local path: only meaningful inside the upstream repository
+        old = r["Old"]["Path"] + (f"@{r['Old']['Version']}" if r["Old"].get("Version") else "")
+        out[old] = f"{new['Path']}@{new['Version']}"
+    return out
+
+
+def _substitute_refused(replaces: dict[str, str], go_cmd: Callable[..., str]) -> dict[str, dict[str, str]]:
+    """Replace targets the module proxy refuses, moved to the nearest patch release it serves.
+
+    A proxy may not serve every version of every module (the one the project's machines reach does
+    not serve some Kubernetes staging modules at some patch releases, or serves them without a
+    checksum database record). Each target is downloaded and verified once here, which is the only
+    probe that sees both. A refused version is swapped
+    for the next patch release of the same minor (or, failing that, the closest earlier one) and
+    recorded; `_check_modules` then holds every other module in the binary to upstream's pin.
+    """
+    wanted = sorted(set(replaces.values()))
+    if not wanted:
+        return {}
+    refused = [
+        doc["Path"] + "@" + doc["Version"]
+        for doc in _json_stream(go_cmd("resolving modules", "mod", "download", "-json", *wanted, check=False))
+        if doc.get("Error")
+    ]
+    substituted: dict[str, dict[str, str]] = {}
+    for target in refused:
+        path, pinned = target.split("@")
+        served = _nearest_served(path, pinned, go_cmd)
+        for old, new in list(replaces.items()):
+            if new != target:
+                continue
+            if served is None:
+                # no release of that minor at all: the replace is dropped; if the build needs the
+                # module, `go mod tidy` fails naming it, and the build stops there
+                del replaces[old]
+            else:
+                replaces[old] = f"{path}@{served}"
+        why = "the module proxy refused the pinned version"
+        if served is None:
+            why += " and serves no other patch release of its minor: replace dropped (the build needs no package of it)"
+        substituted[path] = {"pinned": pinned, "built": served or "", "why": why}
+    return substituted
+
+
+def _nearest_served(path: str, pinned: str, go_cmd: Callable[..., str]) -> str | None:
+    major_minor, patch = pinned.rsplit(".", 1)
+    listed = go_cmd("resolving modules", "list", "-m", "-versions", path, check=False).split()[1:]
+    same_minor = [v for v in listed if v.startswith(major_minor + ".") and v.rsplit(".", 1)[1].isdigit()]
+    later = sorted((v for v in same_minor if int(v.rsplit(".", 1)[1]) > int(patch)), key=_patch)
+    earlier = sorted(
+        (v for v in same_minor if int(v.rsplit(".", 1)[1]) < int(patch)), key=_patch, reverse=True
+    )
+    for candidate in later + earlier:  # the proxy's list is not a promise: try each
+        docs = _json_stream(
+            go_cmd("resolving modules", "mod", "download", "-json", f"{path}@{candidate}", check=False)
+        )
+        if docs and not docs[0].get("Error"):
+            return candidate
+    return None
+
+
+def _patch(version: str) -> int:
+    return int(version.rsplit(".", 1)[1])
+
+
+def _json_stream(text: str) -> list[dict[str, Any]]:
+    """`go ... -json` prints one JSON object after another, not a list."""
+    decoder, docs, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            break
+        doc, at = decoder.raw_decode(text, at)
+        docs.append(doc)
+    return docs
+
+
+def _check_modules(
+    component: Component,
+    binary: str,
+    listing: str,
+    pins: dict[str, str],
+    substituted: dict[str, dict[str, str]],
+) -> list[str]:
+    """Every module compiled into the binary is at the version upstream's go.mod pins (through its
+    replace directives), but for the substitutes recorded: nothing else moved. Returns the
+    substitutes that are compiled in (the others only completed the module graph)."""
+    built: dict[str, str] = {}
+    last = ""
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] == "dep":
+            last = fields[1]
+            built[last] = fields[2]
+        elif len(fields) >= 3 and fields[0] == "=>" and last:
+            built[last] = fields[2]  # the replacement is what was compiled
+    if not built:
+        raise BuildError(f"{component.label}: go version -m lists no modules in {binary}")
+    for path, version in sorted(built.items()):
+        want = (substituted[path]["built"] or None) if path in substituted else pins.get(path)
+        if want is not None and version != want:
+            raise BuildError(f"{component.label}: {binary} has {path} {version}, upstream pins {want}")
+    return [f"{path} {built[path]}" for path in sorted(substituted) if path in built]
+
+
+def _run(
+    component: Component,
+    step: str,
+    argv: list[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    log: Path,
+    progress: Progress,
+    check: bool = True,
+) -> str:
+    """Run one go command, its output appended to the log; a heartbeat while it runs long."""
+    with log.open("a") as sink:
+        sink.write(f"$ {' '.join(argv)}\n")
+        sink.flush()
+        started = time.monotonic()
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(HEARTBEAT_S):
+                progress(component.label, f"{step}, {time.monotonic() - started:.0f} s")
+
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
+        try:
+            proc = subprocess.run(argv, cwd=cwd, env=dict(env), capture_output=True, text=True)
+        finally:
+            stop.set()
+            beat.join()
+        sink.write(proc.stdout + proc.stderr)
+    if check and proc.returncode != 0:
+        raise BuildError(f"{component.label}: {step} failed: {_cause(proc.stderr)}")
+    return proc.stdout
+
+
+def _cause(stderr: str) -> str:
+    """The line of go's output that says what went wrong (its first error, not the last noise)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if re.search(r"error|not found|unknown revision|invalid|cannot|no matching", line, re.IGNORECASE):
+            return line
+    return lines[-1] if lines else "go exited with an error and printed nothing"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,145 @@
+"""`superkube lab build` without building: pins, bad input, and the cache's trust in its manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from superkube.cli import app
+from superkube.lab import build
+
+runner = CliRunner()
+
+
+def test_the_components_are_read_from_the_roles_pins() -> None:
+    got = {c.name: c for c in build.components()}
+    assert tuple(got) == build.NAMES
+    assert got["etcd"].version == "v3.6.6"
+    assert got["kubernetes"].version == "v1.35.0"
+    assert (
+        f"-X k8s.io/component-base/version.gitCommit={build.release()['commit']}" in got["kubernetes"].ldflags
+    )
+    # another Kubernetes version is not stamped with the pinned release's commit
+    other = {c.name: c for c in build.components({"kubernetes": "1.35.1"})}["kubernetes"]
+    assert other.version == "v1.35.1" and not any("gitCommit" in flag for flag in other.ldflags)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--pin", "etcd"], "--pin etcd: expected NAME=VERSION"),
+        (["--pin", "etc=3.6.6"], "--pin no component named etc; the components are etcd, kubernetes"),
+        (["--pin", "etcd=latest"], "--pin etcd=latest: not a release version; give one like v3.6.6"),
+        (["--only", "kubelet"], "--only kubelet: no such component"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str) -> None:
+    result = runner.invoke(app, ["lab", "build", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and said in lines[0], result.output
+
+
+def fake_entry(root: Path) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "etcd").write_bytes(b"binary")
+    sha = hashlib.sha256(b"binary").hexdigest()
+    manifest = {"recipe": build.RECIPE, "binaries": {"etcd": {"sha256": sha}}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def test_an_entry_counts_as_built_only_while_its_binaries_match_the_manifest(tmp_path: Path) -> None:
+    entry = fake_entry(tmp_path / "entry")
+    assert build._cached(entry) is not None
+    manifest = json.loads((entry / "manifest.json").read_text())
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "recipe": build.RECIPE - 1}))
+    assert build._cached(entry) is None  # made by an older recipe: built again
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    assert build._cached(entry) is not None
+    (entry / "bin" / "etcd").write_bytes(b"binarY")
+    assert build._cached(entry) is None
+    assert build._cached(tmp_path / "absent") is None
+    (entry / "manifest.json").write_text("{not json")
+    assert build._cached(entry) is None
+
+
+def test_a_cached_entry_is_returned_without_running_go(tmp_path: Path) -> None:
+    etcd = build.components()[0]
+    fake_entry(build.entry(etcd, "9.9.9", tmp_path))
+    said: list[str] = []
+    got = build.build(etcd, "9.9.9", lambda component, what: said.append(what), tmp_path)
+    assert got.cached and said == ["cached"]
+
+
+def test_the_line_for_a_failure_is_gos_first_error() -> None:
+    stderr = "go: downloading x\ngo: example.com/m@v9: invalid version: unknown revision v9\nexit status 1\n"
+    assert build._cause(stderr) == "go: example.com/m@v9: invalid version: unknown revision v9"
+    assert build._cause("") == "go exited with an error and printed nothing"
+
+
+UPSTREAM = {
+    "Require": [
+        {"Path": "k8s.io/api", "Version": "v0.0.0"},
+        {"Path": "golang.org/x/crypto", "Version": "v0.36.0"},
+    ],
+    "Replace": [
+        {"Old": {"Path": "k8s.io/api"}, "New": {"Path": "k8s.io/api", "Version": "v0.34.7"}},
+        {"Old": {"Path": "k8s.io/local"}, "New": {"Path": "./staging/local"}},
+    ],
+}
+
+
+def test_every_upstream_requirement_is_pinned_and_its_replaces_repeated() -> None:
+    copy = {c.name: c for c in build.components()}["scheduler-plugins"]
+    assert build._replaces(copy, UPSTREAM) == {
+        "k8s.io/api": "k8s.io/api@v0.34.7",  # upstream's replace wins over the v0.0.0 requirement
+        "golang.org/x/crypto": "golang.org/x/crypto@v0.36.0",  # pinned: nothing may pull it up
+    }
+    staging = {c.name: c for c in build.components()}["kubernetes"]
+    assert build._replaces(staging, {"Require": UPSTREAM["Require"]}) == {
+        "k8s.io/api": "k8s.io/api@v0.35.0",  # a staging module at v0.0.0: its release for v1.35.0
+        "golang.org/x/crypto": "golang.org/x/crypto@v0.36.0",
+    }
+    with pytest.raises(build.BuildError, match="requires no staging module"):
+        build._replaces(staging, {"Require": UPSTREAM["Require"][1:]})
+
+
+LISTING = """bin/kube-scheduler: go1.26.8
+\tpath\tsigs.k8s.io/scheduler-plugins/cmd/scheduler
+\tmod\tsuperkube.build/scheduler-plugins\t(devel)\t
+\tdep\tgolang.org/x/crypto\tv0.36.0\th1:x=
+\tdep\tk8s.io/api\tv0.0.0
+\t=>\tk8s.io/api\tv0.34.7\th1:y=
+\tdep\tk8s.io/csi-translation-lib\tv0.32.5
+\t=>\tk8s.io/csi-translation-lib\tv0.34.8\th1:z=
+"""
+PINS = {"golang.org/x/crypto": "v0.36.0", "k8s.io/api": "v0.34.7", "k8s.io/csi-translation-lib": "v0.34.7"}
+SUBSTITUTED = {
+    "k8s.io/csi-translation-lib": {"pinned": "v0.34.7", "built": "v0.34.8", "why": "refused"},
+    "k8s.io/cluster-bootstrap": {"pinned": "v0.34.7", "built": "v0.34.8", "why": "refused"},
+}
+
+
+def test_the_binary_holds_upstreams_pins_but_for_the_recorded_substitutes() -> None:
+    plugins = {c.name: c for c in build.components()}["scheduler-plugins"]
+    # what was compiled in is the replacement (=>), not the requirement; graph-only substitutes are not listed
+    got = build._check_modules(plugins, "kube-scheduler", LISTING, PINS, SUBSTITUTED)
+    assert got == ["k8s.io/csi-translation-lib v0.34.8"]
+    drifted = LISTING.replace("crypto\tv0.36.0", "crypto\tv0.53.0")
+    with pytest.raises(build.BuildError, match=r"golang\.org/x/crypto v0\.53\.0, upstream pins v0\.36\.0"):
+        build._check_modules(plugins, "kube-scheduler", drifted, PINS, SUBSTITUTED)
+    with pytest.raises(build.BuildError, match=r"upstream pins v0\.34\.7"):  # a substitute nobody recorded
+        build._check_modules(plugins, "kube-scheduler", LISTING, PINS, {})
+    with pytest.raises(build.BuildError, match="lists no modules"):
+        build._check_modules(plugins, "kube-scheduler", "bin/x: go1.26.8\n", PINS, {})
+
+
+def test_go_json_streams_are_read_object_by_object() -> None:
+    text = '{\n\t"Path": "a",\n\t"Error": "refused"\n}\n{\n\t"Path": "b"\n}\n'
+    assert build._json_stream(text) == [{"Path": "a", "Error": "refused"}, {"Path": "b"}]
+    assert build._json_stream("") == []
