@@ -46,6 +46,7 @@ from superkube.cluster.kube import (
     MONITORING,
     NAT_HOST,
 )
+from superkube.lab import build
 from superkube.model.ipam import FIRST_HOST_OFFSET
 
 PREFIX = "sklab"
@@ -73,8 +74,6 @@ BASE_PACKAGES = (
     "containerd",
     "prometheus-node-exporter",
     "netcat-openbsd",
-    "etcd-server",
-    "etcd-client",
     # the standard CNI plugins (production installs the same release, pinned by checksum) and
     # iperf3 for the pod network's throughput tests
     "containernetworking-plugins",
@@ -83,7 +82,7 @@ BASE_PACKAGES = (
     "prometheus",
     "victoria-metrics",
 )
-IMAGE_RECIPE = 3  # bump when the image steps below change
+IMAGE_RECIPE = 4  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
 MAX_HOSTS = 40
@@ -131,6 +130,9 @@ class Lab:
     cloud_init: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # each pool's first scale set in the plan: name, location, vm_size, tags, secondary IP count
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the pinned components from the lab's build, which the roles install where production installs
+    # the release artefacts: binary name -> {path (on this machine), sha256, version}
+    builds: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def service_cidr(self) -> str:
@@ -270,10 +272,9 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
     for unit in ("apt-daily.timer", "apt-daily-upgrade.timer"):
         link = root / "etc" / "systemd" / "system" / "timers.target.wants" / unit
         link.unlink(missing_ok=True)
-    # Baked in, not running: the package's own single-node etcd has no place on a cluster host; the
-    # etcd role runs the cluster's members under their own units.
-    # Likewise the packaged Prometheus and VictoriaMetrics: the monitoring role runs its own units.
-    for unit in ("etcd.service", "prometheus.service", "victoria-metrics.service"):
+    # Baked in, not running: the packaged Prometheus and VictoriaMetrics; the monitoring role runs
+    # its own units.
+    for unit in ("prometheus.service", "victoria-metrics.service"):
         (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / unit).unlink(missing_ok=True)
     (tmp / ".superkube-complete").write_text(
         json.dumps({"packages": sorted(BASE_PACKAGES), "recipe": IMAGE_RECIPE})
@@ -737,6 +738,7 @@ def write_inventory(lab: Lab) -> Path:
                 "superkube_cluster": LAB_STACK,
                 **{f"superkube_{k}": v for k, v in lab.facts.items()},
                 "nat_host_services": lab_services(lab),
+                "superkube_lab_builds": lab.builds,
             },
             "children": {
                 **children,
@@ -746,6 +748,21 @@ def write_inventory(lab: Lab) -> Path:
     }
     lab.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
     return lab.inventory
+
+
+def built_binaries(progress: Callable[[str], None]) -> dict[str, dict[str, str]]:
+    """The pinned components from the build cache (built first where missing: minutes, once)."""
+    try:
+        results = build.build_all(
+            build.components(), lambda component, what: progress(f"{component}: {what}")
+        )
+    except build.BuildError as exc:
+        raise LabError(f"lab up needs the pinned components: {exc}") from None
+    return {
+        name: {"path": str(b.binary(name)), "sha256": info["sha256"], "version": b.component.version}
+        for b in results
+        for name, info in sorted(b.manifest["binaries"].items())
+    }
 
 
 def up(
@@ -759,7 +776,8 @@ def up(
     if Lab.load(state_dir) is not None or _leftovers():
         raise LabError("a lab is already up (or left over); run `superkube lab down` first")
     hosts, subnets, facts = layout(nodes if isinstance(nodes, dict) else parse_hosts(nodes))
-    base = build_base_image(lambda what, f: progress(what, 0.6 * f), cache_dir)
+    base = build_base_image(lambda what, f: progress(what, 0.5 * f), cache_dir)
+    builds = built_binaries(lambda what: progress(what, 0.5))
     state_dir.mkdir(parents=True, exist_ok=True)
     progress("planning the stack's cloud-init and NICs", 0.6)
     cloud_init, pools = pool_facts()
@@ -771,6 +789,7 @@ def up(
         base_image=str(base),
         cloud_init=cloud_init,
         pools=pools,
+        builds=builds,
         **facts,
     )
     try:
