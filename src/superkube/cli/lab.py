@@ -42,7 +42,7 @@ def lab_up(
         ),
     ] = "8",
 ) -> None:
-    """Build (once) the base image, then boot the hosts and write the Ansible inventory."""
+    """Build (once) the base image and the pinned components, then boot the hosts and write the inventory."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from superkube.lab import hosts as lab
