@@ -26,6 +26,10 @@ def test_the_components_are_read_from_the_roles_pins() -> None:
     # another Kubernetes version is not stamped with the pinned release's commit
     other = {c.name: c for c in build.components({"kubernetes": "1.35.1"})}["kubernetes"]
     assert other.version == "v1.35.1" and not any("gitCommit" in flag for flag in other.ldflags)
+    # the gang scheduler carries the Kubernetes version it is built on, not scheduler-plugins' own
+    plugins = got["scheduler-plugins"]
+    assert plugins.version == "v0.34.7"
+    assert "-X k8s.io/component-base/version.gitVersion=v1.34.7" in plugins.ldflags
 
 
 @pytest.mark.parametrize(
@@ -44,35 +48,39 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str) -> None:
     assert len(lines) == 1 and said in lines[0], result.output
 
 
+ETCD = build.components()[0]
+
+
 def fake_entry(root: Path) -> Path:
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "etcd").write_bytes(b"binary")
     sha = hashlib.sha256(b"binary").hexdigest()
-    manifest = {"recipe": build.RECIPE, "binaries": {"etcd": {"sha256": sha}}}
+    manifest = {"recipe": build.RECIPE, "ldflags": list(ETCD.ldflags), "binaries": {"etcd": {"sha256": sha}}}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
 
 def test_an_entry_counts_as_built_only_while_its_binaries_match_the_manifest(tmp_path: Path) -> None:
     entry = fake_entry(tmp_path / "entry")
-    assert build._cached(entry) is not None
+    assert build._cached(entry, ETCD) is not None
     manifest = json.loads((entry / "manifest.json").read_text())
     (entry / "manifest.json").write_text(json.dumps({**manifest, "recipe": build.RECIPE - 1}))
-    assert build._cached(entry) is None  # made by an older recipe: built again
+    assert build._cached(entry, ETCD) is None  # made by an older recipe: built again
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "ldflags": ["-X other.version=v0"]}))
+    assert build._cached(entry, ETCD) is None  # stamped otherwise: built again
     (entry / "manifest.json").write_text(json.dumps(manifest))
-    assert build._cached(entry) is not None
+    assert build._cached(entry, ETCD) is not None
     (entry / "bin" / "etcd").write_bytes(b"binarY")
-    assert build._cached(entry) is None
-    assert build._cached(tmp_path / "absent") is None
+    assert build._cached(entry, ETCD) is None
+    assert build._cached(tmp_path / "absent", ETCD) is None
     (entry / "manifest.json").write_text("{not json")
-    assert build._cached(entry) is None
+    assert build._cached(entry, ETCD) is None
 
 
 def test_a_cached_entry_is_returned_without_running_go(tmp_path: Path) -> None:
-    etcd = build.components()[0]
-    fake_entry(build.entry(etcd, "9.9.9", tmp_path))
+    fake_entry(build.entry(ETCD, "9.9.9", tmp_path))
     said: list[str] = []
-    got = build.build(etcd, "9.9.9", lambda component, what: said.append(what), tmp_path)
+    got = build.build(ETCD, "9.9.9", lambda component, what: said.append(what), tmp_path)
     assert got.cached and said == ["cached"]
 
 

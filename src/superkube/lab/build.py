@@ -147,7 +147,11 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
             version=plugins,
             binaries={"kube-scheduler": "sigs.k8s.io/scheduler-plugins/cmd/scheduler"},
             replaces="copy",
-            ldflags=_version_ldflags(plugins),
+            # stamped with the Kubernetes release it is built on (scheduler-plugins v0.M.P is built on
+            # Kubernetes v1.M.P), not its own v0.M.P as its Makefile does: the scheduler takes its
+            # binary version from the stamp, and component-base refuses to start a 0.M binary
+            # ("emulation version 0.34 is not between [1.31, 0.34.0]")
+            ldflags=_version_ldflags("v1." + plugins.removeprefix("v0.")),
         ),
     ]
 
@@ -193,13 +197,13 @@ def build_all(
 def build(component: Component, go: str, progress: Progress, cache_dir: Path = CACHE_DIR) -> Built:
     started = time.monotonic()
     target = entry(component, go, cache_dir)
-    found = _cached(target)
+    found = _cached(target, component)
     if found is not None:
         progress(component.label, "cached")
         return Built(component, target, found, True, time.monotonic() - started)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.parent / f"go{go}.lock"):
-        found = _cached(target)  # another run may have built it while we waited
+        found = _cached(target, component)  # another run may have built it while we waited
         if found is not None:
             progress(component.label, "cached")
             return Built(component, target, found, True, time.monotonic() - started)
@@ -223,13 +227,14 @@ def build(component: Component, go: str, progress: Progress, cache_dir: Path = C
     return Built(component, target, manifest, False, seconds)
 
 
-def _cached(target: Path) -> dict[str, Any] | None:
-    """The entry's manifest when every binary it lists is there with the sha256 it records."""
+def _cached(target: Path, component: Component) -> dict[str, Any] | None:
+    """The entry's manifest when every binary it lists is there with the sha256 it records, and it
+    was built by this recipe with these version stamps."""
     try:
         manifest: dict[str, Any] = json.loads((target / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if manifest.get("recipe") != RECIPE:
+    if manifest.get("recipe") != RECIPE or manifest.get("ldflags", []) != list(component.ldflags):
         return None
     binaries = manifest.get("binaries") or {}
     for name, recorded in binaries.items():
@@ -292,6 +297,7 @@ def _build_into(component: Component, go: str, work: Path, progress: Progress) -
         "version": component.version,
         "go": go,
         "recipe": RECIPE,
+        "ldflags": list(component.ldflags),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "binaries": {
             name: {
