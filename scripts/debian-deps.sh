@@ -8,8 +8,12 @@
 #   promtool, prometheus   from Debian's prometheus package, unpacked into .tools/bin without installing
 #                      the package (which would start a Prometheus server on this machine); tests
 #                      run them on loopback only
+#   haproxy            the lab's API load balancer (Azure's internal load balancer, health probe included),
+#                      unpacked into .tools/bin likewise (the package would start a service); its
+#                      libraries (liblua5.3-0, libopentracing-c-wrapper0) are installed as packages
 set -euo pipefail
-packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl)
+packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl
+  liblua5.3-0 libopentracing-c-wrapper0)
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 missing=()
 for p in "${packages[@]}"; do
@@ -32,4 +36,15 @@ if [ ! -x "$tools/bin/promtool" ] || [ ! -x "$tools/bin/prometheus" ]; then
   dpkg-deb -x "$work"/prometheus_*.deb "$work/x"
   mkdir -p "$tools/bin"
   install -m 0755 "$work/x/usr/bin/promtool" "$work/x/usr/bin/prometheus" "$tools/bin/"
+  rm -rf "$work"
+fi
+
+if [ ! -x "$tools/bin/haproxy" ]; then
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+  ( cd "$work" && { apt-get download haproxy >/dev/null 2>&1 || { apt-get update -qq && apt-get download haproxy >/dev/null; }; } )
+  dpkg-deb -x "$work"/haproxy_*.deb "$work/x"
+  mkdir -p "$tools/bin"
+  install -m 0755 "$work/x/usr/sbin/haproxy" "$tools/bin/"
+  rm -rf "$work"
 fi

@@ -10,7 +10,12 @@ from pulumi_azure_native import network
 
 from modules.common import child, require, tagged
 from modules.compute.machine import members, placement
+from superkube.cluster.kube import APISERVER_LB_ALL_DOWN_SENDS_TO_ALL as ALL_DOWN_SENDS_TO_ALL
+from superkube.cluster.kube import APISERVER_LB_IDLE_TIMEOUT_MIN as IDLE_TIMEOUT_MIN
 from superkube.cluster.kube import APISERVER_PORT as API_PORT
+from superkube.cluster.kube import APISERVER_PROBE_INTERVAL_S as PROBE_INTERVAL_S
+from superkube.cluster.kube import APISERVER_PROBE_PATH as PROBE_PATH
+from superkube.cluster.kube import APISERVER_PROBE_THRESHOLD as PROBE_THRESHOLD
 from superkube.cluster.kube import APISERVERS
 
 
@@ -93,9 +98,12 @@ class ApiServers(pulumi.ComponentResource):
                     "name": "apiserver-readyz",
                     "protocol": "Https",
                     "port": API_PORT,
-                    "request_path": "/readyz",
-                    "interval_in_seconds": 5,
-                    "number_of_probes": 2,
+                    "request_path": PROBE_PATH,
+                    "interval_in_seconds": PROBE_INTERVAL_S,
+                    "probe_threshold": PROBE_THRESHOLD,
+                    "no_healthy_backends_behavior": "AllProbedUp"
+                    if ALL_DOWN_SENDS_TO_ALL
+                    else "AllProbedDown",
                 }
             ],
             load_balancing_rules=[
@@ -107,7 +115,7 @@ class ApiServers(pulumi.ComponentResource):
                     "frontend_ip_configuration": {"id": frontend_id},
                     "backend_address_pool": {"id": pool_id},
                     "probe": {"id": probe_id},
-                    "idle_timeout_in_minutes": 30,
+                    "idle_timeout_in_minutes": IDLE_TIMEOUT_MIN,
                     "enable_tcp_reset": True,
                     "disable_outbound_snat": True,
                 }

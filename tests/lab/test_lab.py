@@ -113,3 +113,13 @@ def test_layouts_of_every_size_are_routable() -> None:
             )
             assert source in subnets
         assert bool(facts["route_tables"]) == any(h.group == "nat_host" for h in hosts)
+
+
+def test_the_inotify_limit_is_raised_for_the_hosts_and_never_lowered(tmp_path: Path) -> None:
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    lab._ensure_inotify_instances(16, limit)  # 16 booted hosts hold more than 128 (134 measured)
+    assert int(limit.read_text()) == 256 + lab.INOTIFY_INSTANCES_PER_HOST * 16
+    limit.write_text("100000\n")
+    lab._ensure_inotify_instances(16, limit)
+    assert limit.read_text() == "100000\n"

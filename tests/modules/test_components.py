@@ -232,6 +232,19 @@ def test_five_api_servers_behind_an_internal_load_balancer(flagship_plan: Plan) 
     assert len(api_nics) == 5
     for nic in api_nics:
         assert nic.inputs["ipConfigurations"][0]["loadBalancerBackendAddressPools"][0]["id"] == pool_id
+    # the probe the lab's load balancer copies: /readyz over TLS, one failure out, one success back,
+    # and every server kept when all fail at once (an events etcd outage makes each one unready)
+    (probe,) = lb.inputs["probes"]
+    assert probe == {
+        "name": "apiserver-readyz",
+        "protocol": "Https",
+        "port": 6443,
+        "requestPath": "/readyz",
+        "intervalInSeconds": 5,
+        "probeThreshold": 1,
+        "noHealthyBackendsBehavior": "AllProbedUp",
+    }
+    assert rule["probe"]["id"].endswith("/probes/apiserver-readyz") and rule["idleTimeoutInMinutes"] == 30
 
 
 def test_etcd_main_and_events_are_separate_vms_with_premium_data_disks(any_plan: Plan) -> None:

@@ -15,6 +15,19 @@ from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec, NodePool
 
 APISERVER_PORT = 6443
+# The API servers' internal load balancer: an HTTPS probe of /readyz every 5 s; one failed probe
+# takes a server out and one good probe puts it back (Azure's probeThreshold, whose default is 1; the
+# older numberOfProbes is no longer honoured), so a stopped API server breaks the flows balanced to
+# it for at most one probe interval; idle flows kept 30 minutes (long watches), then reset.
+APISERVER_PROBE_PATH = "/readyz"
+APISERVER_PROBE_INTERVAL_S = 5
+APISERVER_PROBE_THRESHOLD = 1
+APISERVER_LB_IDLE_TIMEOUT_MIN = 30
+# When every API server fails the probe, keep sending them new flows (Azure's noHealthyBackendsBehavior
+# AllProbedUp) rather than none: a cause all of them share makes each one unready at once, and the one
+# that happens is an outage of the events etcd (since 1.33 /readyz checks every --etcd-servers-overrides
+# backend), through which the API servers still serve everything but Events.
+APISERVER_LB_ALL_DOWN_SENDS_TO_ALL = True
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # the etcd members' plain-HTTP /metrics listener

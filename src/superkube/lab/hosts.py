@@ -6,6 +6,8 @@ Layout (nothing is added to the machine's own network namespace):
       (the .1 gateway, as in Azure) -- this is also where SSH to the hosts starts from; like the
       VNet fabric it routes each node's secondary (pod) IPs to that node and answers instance
       metadata on 169.254.169.254 (superkube.lab.imds, documents built from the plan's NICs and tags)
+      and, like Azure's internal load balancer, the API servers' frontend address with its health
+      probe (superkube.lab.loadbalancer)
     netns sklab-<host>: `eth0` (a veth into the bridge) with the host's address, default route
       via the gateway; systemd-nspawn boots the host inside it (--register=no --keep-unit)
     root: an overlay per host (its own upper dir over one cached, debootstrapped base image)
@@ -46,7 +48,8 @@ from superkube.cluster.kube import (
     MONITORING,
     NAT_HOST,
 )
-from superkube.lab import build
+from superkube.lab import build, loadbalancer
+from superkube.lab.errors import LabError
 from superkube.model.ipam import FIRST_HOST_OFFSET
 
 PREFIX = "sklab"
@@ -89,10 +92,6 @@ MAX_HOSTS = 40
 HOST_GROUPS = (*GROUPS, MONITORING)  # groups --hosts may ask for: the cluster's and the monitoring hosts
 
 Progress = Callable[[str, float], None]  # (what is happening, fraction done)
-
-
-class LabError(Exception):
-    """Something the user can act on: one line, what and how to fix."""
 
 
 @dataclass
@@ -393,6 +392,20 @@ def _ensure_route_tables(route_tables: Iterable[list[str]]) -> None:
     for table, (source, prefix, via) in enumerate(route_tables, start=100):
         run(["ip", "-n", SWITCH, "route", "add", prefix, "via", via, "table", str(table)])
         run(["ip", "-n", SWITCH, "rule", "add", "from", source, "to", prefix, "lookup", str(table)])
+
+
+# Every booted host's systemd, journald, logind and friends hold inotify instances, all counted
+# against root on this machine: at the kernel's default of 128, a lab of 16 hosts runs out, and a
+# host booted again after a stop comes up degraded (a path unit fails to watch its directory).
+INOTIFY_INSTANCES_PER_HOST = 32
+INOTIFY_PROC = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def _ensure_inotify_instances(hosts: int, proc: Path = INOTIFY_PROC) -> None:
+    """Raise the machine's inotify instance limit to what `hosts` booted hosts need (never lower it)."""
+    want = 256 + INOTIFY_INSTANCES_PER_HOST * hosts
+    if int(proc.read_text()) < want:
+        proc.write_text(f"{want}\n")
 
 
 def _ensure_switch(subnets: Iterable[str]) -> None:
@@ -793,6 +806,7 @@ def up(
         **facts,
     )
     try:
+        _ensure_inotify_instances(len(hosts))
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "superkube-lab", "-f", str(lab.key)])
         _ensure_switch(subnets)
         for i, h in enumerate(hosts):
@@ -800,6 +814,13 @@ def up(
             _ensure_host_network(h, i)
         _ensure_route_tables(lab.route_tables)
         _start_imds(lab)
+        loadbalancer.start(
+            state_dir,
+            SWITCH,
+            str(lab.facts["apiserver_address"]),
+            int(lab.facts["apiserver_port"]),
+            [(h.name, h.address) for h in hosts if h.group == APISERVERS],
+        )
         for h in hosts:
             _prepare_root(lab, h)
         _write_known_hosts(lab)
