@@ -30,10 +30,16 @@ from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, Stack
 LB = "azure-native:network:LoadBalancer"
 KUBECONFIG_URLS = {
     "kube_apiserver": "kube_apiserver_url",
-    "kube_controller_manager": "kube_controller_manager_apiserver_url",
-    "gang_scheduler": "gang_scheduler_apiserver_url",
     "kubelet": "kubelet_apiserver_url",
     "kube_proxy": "kube_proxy_apiserver_url",
+}
+# Clients on the API server hosts talk to the API server beside them: Azure's internal load balancer
+# drops a backend's flow to its own frontend when it is balanced back to that backend.
+LOCAL_KUBECONFIG_URLS = {
+    "kube_apiserver": "kube_apiserver_local_url",
+    "kube_controller_manager": "kube_controller_manager_apiserver_url",
+    "gang_scheduler": "gang_scheduler_apiserver_url",
+    "cluster_autoscaler": "cluster_autoscaler_apiserver_url",
 }
 ROLE_HOSTS = {
     "kube_apiserver": (APISERVERS,),
@@ -117,6 +123,17 @@ def _api_endpoint(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
             if got != want:
                 yield Finding(
                     f"{role} points its kubeconfig at {got}, not the load balancer {want}", host.urn
+                )
+    local = f"https://127.0.0.1:{kube.APISERVER_PORT}"
+    for role, name in LOCAL_KUBECONFIG_URLS.items():
+        for host in r.of(APISERVERS)[:1]:
+            got = r.var(role, host, name)
+            if got != local:
+                yield Finding(
+                    f"{role} on an API server host points its kubeconfig at {got}, not the API server "
+                    f"beside it ({local}); through the load balancer a flow balanced back to the same "
+                    "host is dropped",
+                    host.urn,
                 )
     for host in r.of(APISERVERS)[:1]:
         sans = set(r.var("kube_pki", host, "kube_pki_apiserver_ips"))
@@ -338,8 +355,9 @@ RULES = [
     Rule(
         "wiring-apiserver-endpoint",
         "critical",
-        "Every kubeconfig points at the plan's API load balancer, whose serving certificate names it, "
-        "every API server and the first service IP.",
+        "Every kubeconfig off the API server hosts points at the plan's API load balancer (on them, at "
+        "the API server beside it), whose serving certificate names it, every API server and the "
+        "first service IP.",
         "Write the inventory again (superkube inventory) and drop group variables that override *_apiserver_url.",
         _api_endpoint,
     ),

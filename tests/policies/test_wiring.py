@@ -47,6 +47,13 @@ CASES: list[
         "wiring-apiserver-endpoint",
     ),
     (
+        "group var: the controller-manager through the load balancer",
+        None,
+        None,
+        {"kube_controller_manager_apiserver_url": "https://10.65.16.4:6443"},
+        "wiring-apiserver-endpoint",
+    ),
+    (
         "inventory: serving cert SANs",
         None,
         _inventory_var("superkube_apiserver_sans", ["10.65.16.4"]),
