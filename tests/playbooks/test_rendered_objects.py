@@ -3,6 +3,7 @@ flags against each component's flag list, in-cluster objects against the officia
 
 from __future__ import annotations
 
+import base64
 import copy
 from typing import Any
 
@@ -63,9 +64,13 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
     assert secret["metadata"]["name"] == "bootstrap-token-abcdef"
     assert secret["type"] == "bootstrap.kubernetes.io/token"
     groups = {s["name"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]}
-    assert groups == {secret["stringData"]["auth-extra-groups"], "system:nodes"}
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert (data["token-id"], data["token-secret"]) == ("abcdef", "0123456789abcdef")
+    assert groups == {data["auth-extra-groups"], "system:nodes"}
+    # `data`, never `stringData`: a server-side re-apply of stringData conflicts with itself
+    assert "stringData" not in secret
     broken = copy.deepcopy(secret)
-    broken["stringdata"] = broken.pop("stringData")
+    broken["dat"] = broken.pop("data")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, VERSION, strict=True)
 

@@ -1,0 +1,56 @@
+"""site.yml's one play over every host, and what that asks of the roles it gates by group."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+
+
+def _tasks(value: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(value, list):
+        for item in value:
+            yield from _tasks(item)
+    elif isinstance(value, dict):
+        yield value
+        for key in ("block", "rescue", "always"):
+            yield from _tasks(value.get(key))
+
+
+def gated_run_once_tasks(playbooks: Path = PLAYBOOKS) -> list[str]:
+    """Tasks that run_once on the play's hosts inside a role site.yml runs only on some groups.
+
+    run_once takes the first host of the play; in a play over every host that host is often not in
+    the role's group, so the task is skipped there and, being run once, on every host: a task that
+    silently never runs. Such a task must pick its host itself (or run on the controller)."""
+    found = []
+    for play in yaml.safe_load((playbooks / "site.yml").read_text()):
+        for role in play.get("roles", []):
+            if not isinstance(role, dict) or "when" not in role:
+                continue
+            for path in sorted((playbooks / "roles" / role["role"] / "tasks").glob("*.yml")):
+                for task in _tasks(yaml.safe_load(path.read_text())):
+                    if task.get("run_once") and task.get("delegate_to") != "localhost":
+                        found.append(f"{path.relative_to(playbooks)}: {task.get('name')}")
+    return found
+
+
+def test_no_role_gated_by_group_runs_a_task_once_on_the_plays_first_host() -> None:
+    assert gated_run_once_tasks() == []
+
+
+def test_the_check_finds_the_pitfall(tmp_path: Path) -> None:
+    role = tmp_path / "roles" / "r" / "tasks"
+    role.mkdir(parents=True)
+    (tmp_path / "site.yml").write_text(
+        "- hosts: cluster\n  roles:\n    - {role: r, when: \"'g' in group_names\"}\n"
+    )
+    (role / "main.yml").write_text(
+        "- name: Once\n  ansible.builtin.command: 'true'\n  run_once: true\n"
+        "- name: On the controller\n  ansible.builtin.command: 'true'\n  run_once: true\n  delegate_to: localhost\n"
+    )
+    assert gated_run_once_tasks(tmp_path) == ["roles/r/tasks/main.yml: Once"]
