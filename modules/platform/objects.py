@@ -14,6 +14,7 @@ manifest directly costs nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,10 +24,16 @@ PART_OF = "superkube"
 Manifest = dict[str, Any]
 
 
+def label_value(name: str) -> str:
+    """An object's name as a label value: RBAC names like `superkube:gang-scheduler` carry a colon,
+    which no label value may (the API server refuses the object), nor more than 63 characters."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:63].strip("-_.")
+
+
 def labels(component: str, name: str) -> dict[str, str]:
     """The recommended labels every object of the layer carries."""
     return {
-        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/name": label_value(name),
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/part-of": PART_OF,
         "app.kubernetes.io/managed-by": "pulumi",

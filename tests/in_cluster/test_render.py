@@ -183,3 +183,42 @@ def test_a_kubernetes_version_without_schemas_is_one_problem_not_a_crash() -> No
     obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}
     (problem,) = render.validate(obj, "1.99.0")
     assert "no official schemas for Kubernetes 1.99.0" in problem.reason
+
+
+@pytest.mark.parametrize(
+    ("labels", "problems"),
+    [
+        ({"app.kubernetes.io/name": "gang-scheduler", "tier": ""}, 0),
+        ({"app.kubernetes.io/name": "superkube:gang-scheduler"}, 1),  # the colon the server refused
+        ({"app": "x" * 64}, 1),
+        ({"app": "-leading"}, 1),
+        ({"Bad_Prefix.io/name": "ok"}, 1),
+        ({"a/b/c": "ok"}, 1),
+        ({"": "ok", "k": 3}, 2),
+    ],
+)
+def test_label_problems_follow_the_api_servers_rules(labels: dict[str, Any], problems: int) -> None:
+    assert len(render.label_problems(labels)) == problems
+
+
+def test_a_label_the_server_would_refuse_is_one_problem_naming_where() -> None:
+    pod_template = {"metadata": {"labels": {"app": "a:b"}}, "spec": {"containers": []}}
+    obj = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "n", "labels": {"app": "d"}},
+        "spec": {"selector": {"matchLabels": {"app": "d"}}, "template": pod_template},
+    }
+    [problem] = render.validate(obj, "1.35")
+    assert str(problem) == (
+        "objects: Deployment/n/d: spec.template.metadata.labels: "
+        "label app='a:b': a value is at most 63 characters, alphanumerics with - _ . inside"
+    )
+
+
+def test_rbac_names_become_valid_label_values() -> None:
+    from modules.platform.objects import label_value
+
+    assert label_value("superkube:gang-scheduler") == "superkube-gang-scheduler"
+    assert label_value("x" * 70 + ":") == "x" * 63
+    assert render.label_problems({"app.kubernetes.io/name": label_value("system:node:-a")}) == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -153,6 +154,42 @@ def _builtin_validator(api_version: str, kind: str, kubernetes_version: str) -> 
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
 
+# What the API server accepts as a label (apimachinery's validation; the OpenAPI schemas say only
+# "a map of strings"): a value of at most 63 characters, alphanumerics with - _ . inside; a key the
+# same, optionally behind a DNS subdomain prefix and a slash.
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def label_problems(labels: dict[str, Any]) -> list[str]:
+    """What the API server would refuse in a labels map (empty when it accepts them all)."""
+    found = []
+    for key, value in labels.items():
+        prefix, _, name = str(key).rpartition("/")
+        if not (0 < len(name) <= 63 and _LABEL_NAME.fullmatch(name)) or (
+            prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix))
+        ):
+            found.append(f"label key {key!r} is not a valid label key")
+        if not isinstance(value, str) or len(value) > 63 or (value and not _LABEL_NAME.fullmatch(value)):
+            found.append(
+                f"label {key}={value!r}: a value is at most 63 characters, alphanumerics with - _ . inside"
+            )
+    return found
+
+
+def _label_maps(value: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    """Every metadata.labels in an object, its pod templates' included, with its path."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "labels" and path and path[-1] == "metadata" and isinstance(item, dict):
+                yield (*path, key), item
+            else:
+                yield from _label_maps(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _label_maps(item, (*path, i))
+
+
 def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "objects") -> list[Problem]:
     """Problems of one object (empty when valid): at most one, the one the schema deems most relevant."""
     # the schema packages are slow to import: only the commands that check objects load them
@@ -161,6 +198,9 @@ def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "obj
 
     obj = redacted(obj)
     label = name_of(obj)
+    for path, labels in _label_maps(obj):
+        for reason in label_problems(labels):
+            return [Problem(component, label, _path(path), reason)]
     try:
         validator = _builtin_validator(
             str(obj.get("apiVersion", "")), str(obj.get("kind", "")), kubernetes_version
