@@ -141,7 +141,7 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
     may_drop_label = f"k == '{removable}' || " if removable else ""
     taint_rule = f"may only remove the {removable} taint" if removable else "may not change taints"
     label_rule = f"may only remove the {removable} label" if removable else "may not change labels"
-    return [
+    rules = [
         {
             "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
             "request.userInfo.extra['authentication.kubernetes.io/node-name'] == [object.metadata.name]",
@@ -168,6 +168,8 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             "message": f"{who} may not cordon or uncordon",
         },
     ]
+    # a denial is 403 Forbidden, as RBAC's would be (a validation's default reason, Invalid, answers 422)
+    return [{**rule, "reason": "Forbidden"} for rule in rules]
 
 
 def fence(agent: Fenced = "preflight") -> list[Manifest]:
