@@ -112,6 +112,32 @@ def lab_down() -> None:
     out.print(f"lab down: removed {len(removed)} things" if removed else "no lab was up")
 
 
+@lab_app.command("apply")
+def lab_apply(
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """Apply the in-cluster layer (what `superkube render` writes for the lab's stack) to the lab's API
+    server with `kubectl apply --server-side`, as `pulumi up` does in production; after converge."""
+    from superkube.lab import hosts as lab
+    from superkube.lab import layer
+
+    fleet = lab.Lab.load()
+    if fleet is None:
+        fail("no lab is up; run `superkube lab up` and `superkube converge` first")
+    done = _lab_call(layer.apply, fleet, lambda what: err.print(what, highlight=False))
+    if output is Output.json:
+        doc = [{"file": a.file, "objects": a.objects, "established": a.established} for a in done]
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    table = Table(title="lab apply", title_justify="left")
+    for col in ("file", "objects", "CRDs established", "seconds"):
+        table.add_column(col)
+    for a in done:
+        table.add_row(a.file, str(len(a.objects)), str(len(a.established)), f"{a.seconds:.1f}")
+    out.print(table)
+    out.print(f"{sum(len(a.objects) for a in done)} objects applied to the lab's API server")
+
+
 @lab_app.command("build")
 def lab_build(
     only: Annotated[

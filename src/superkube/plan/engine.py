@@ -15,6 +15,7 @@ import runpy
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -473,8 +474,11 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def run(project: Path, stack: str) -> Plan:
-    """Validate the stack, then run `__main__.py` under the mock engine and record every resource."""
+def run(project: Path, stack: str, secrets: Mapping[str, str] | None = None) -> Plan:
+    """Validate the stack, then run `__main__.py` under the mock engine and record every resource.
+
+    The stack's secrets (kubeconfig, webhook TLS) are placeholders unless `secrets` gives them, as
+    `pulumi config set --secret` does; the values the program marks secret are recorded as SECRET."""
     started = time.perf_counter()
     config, spec, addresses = load(project, stack)
     name = stack_name(stack)
@@ -491,7 +495,12 @@ def run(project: Path, stack: str) -> Plan:
         loop.set_default_executor(executor)
         try:
             pulumi.runtime.set_all_config(
-                {**config, KUBECONFIG_KEY: PLAN_KUBECONFIG, WEBHOOK_TLS_KEY: PLAN_WEBHOOK_TLS}
+                {
+                    **config,
+                    KUBECONFIG_KEY: PLAN_KUBECONFIG,
+                    WEBHOOK_TLS_KEY: PLAN_WEBHOOK_TLS,
+                    **(secrets or {}),
+                }
             )
             mocks = _Mocks()
             monitor = _RecordingMonitor(mocks)
