@@ -13,7 +13,7 @@ from superkube.lab import hosts as lab
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
-CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=1"
+CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
 POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + store (+ hub client, internet)
 
 
