@@ -17,7 +17,7 @@ from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from tests.lab.conftest import counters, sh
 
-STOPPED = ("cpu-2", "etcd-events-1")
+STOPPED = ("cpu-2", "gpu-2")
 
 
 def test_two_hosts_stopped_mid_fleet_then_retried(fleet: lab.Lab) -> None:
