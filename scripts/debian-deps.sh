@@ -5,6 +5,8 @@
 #   iptables           the lab's switch and the exporter tests (iptables-save/-restore)
 #   kubernetes-client  kubectl, which parses the kubeconfigs the roles write (unless one is installed)
 #   openssl            verifies the certificates the roles issue
+#   curl               requests to the lab's API server that kubectl cannot make (impersonated node
+#                      identities, the flow-control response headers)
 #   promtool, prometheus   from Debian's prometheus package, unpacked into .tools/bin without installing
 #                      the package (which would start a Prometheus server on this machine); tests
 #                      run them on loopback only
@@ -13,7 +15,7 @@
 #                      libraries (liblua5.3-0, libopentracing-c-wrapper0) are installed as packages
 set -euo pipefail
 packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl
-  liblua5.3-0 libopentracing-c-wrapper0)
+  curl liblua5.3-0 libopentracing-c-wrapper0)
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 missing=()
 for p in "${packages[@]}"; do
@@ -29,22 +31,18 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 tools="$(cd "$(dirname "$0")/.." && pwd)/.tools"
+# unpack PACKAGE FILE...: the package's files (paths inside it) into .tools/bin, without installing it
+unpack() {
+  local package="$1" work
+  shift
+  work="$(mktemp -d)"
+  ( cd "$work" && { apt-get download "$package" >/dev/null 2>&1 || { apt-get update -qq && apt-get download "$package" >/dev/null; }; } )
+  dpkg-deb -x "$work"/"$package"_*.deb "$work/x"
+  mkdir -p "$tools/bin"
+  for file in "$@"; do install -m 0755 "$work/x/$file" "$tools/bin/"; done
+  rm -rf "$work"
+}
 if [ ! -x "$tools/bin/promtool" ] || [ ! -x "$tools/bin/prometheus" ]; then
-  work="$(mktemp -d)"
-  trap 'rm -rf "$work"' EXIT
-  ( cd "$work" && { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus >/dev/null; }; } )
-  dpkg-deb -x "$work"/prometheus_*.deb "$work/x"
-  mkdir -p "$tools/bin"
-  install -m 0755 "$work/x/usr/bin/promtool" "$work/x/usr/bin/prometheus" "$tools/bin/"
-  rm -rf "$work"
+  unpack prometheus usr/bin/promtool usr/bin/prometheus
 fi
-
-if [ ! -x "$tools/bin/haproxy" ]; then
-  work="$(mktemp -d)"
-  trap 'rm -rf "$work"' EXIT
-  ( cd "$work" && { apt-get download haproxy >/dev/null 2>&1 || { apt-get update -qq && apt-get download haproxy >/dev/null; }; } )
-  dpkg-deb -x "$work"/haproxy_*.deb "$work/x"
-  mkdir -p "$tools/bin"
-  install -m 0755 "$work/x/usr/sbin/haproxy" "$tools/bin/"
-  rm -rf "$work"
-fi
+[ -x "$tools/bin/haproxy" ] || unpack haproxy usr/sbin/haproxy

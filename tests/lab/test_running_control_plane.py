@@ -22,12 +22,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from modules.platform import flowcontrol
 from superkube.agents import gpu_test, preflight
 from superkube.cli import app
-from superkube.cluster.kube import APISERVER_PROBE_INTERVAL_S, APISERVER_PROBE_THRESHOLD
+from superkube.cluster.kube import APISERVER_PROBE_INTERVAL_S, APISERVER_PROBE_THRESHOLD, SYSTEM_NAMESPACE
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import layer, loadbalancer
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import sh
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +246,7 @@ def test_a_bootstrap_request_is_classified_into_the_node_join_priority_level(
     control_plane: lab.Lab, running: dict[str, Any], admin_files: dict[str, str]
 ) -> None:
     token = (Path(control_plane.state_dir) / "pki/kubernetes/bootstrap.token").read_text().strip()
-    level = get(control_plane, "prioritylevelconfiguration", "superkube-node-join")["metadata"]["uid"]
+    level = get(control_plane, "prioritylevelconfiguration", flowcontrol.LEVEL)["metadata"]["uid"]
     schema = get(control_plane, "flowschema", "superkube-node-bootstrap")["metadata"]["uid"]
     url = f"{lb_url(control_plane)}/apis/certificates.k8s.io/v1/certificatesigningrequests"
     response = curl(control_plane, url, "--cacert", admin_files["ca"], "-H", f"Authorization: Bearer {token}")
@@ -305,7 +307,7 @@ def _node(name: str, taints: list[dict[str, str]], labels: dict[str, str]) -> di
     }
 
 
-PREFLIGHT_TAINT = {"key": "superkube.io/preflight", "value": "pending", "effect": "NoSchedule"}
+PREFLIGHT_TAINT = {"key": PREFLIGHT_TAINT_KEY, "value": "pending", "effect": "NoSchedule"}
 
 
 def as_agent(
@@ -327,9 +329,9 @@ def as_agent(
         "--cacert", files["ca"], "--cert", files["cert"], "--key", files["key"],
         "-X", method,
         "-H", f"Content-Type: {content_type}",
-        "-H", f"Impersonate-User: system:serviceaccount:superkube-system:{agent}",
+        "-H", f"Impersonate-User: system:serviceaccount:{SYSTEM_NAMESPACE}:{agent}",
         "-H", "Impersonate-Group: system:serviceaccounts",
-        "-H", "Impersonate-Group: system:serviceaccounts:superkube-system",
+        "-H", f"Impersonate-Group: system:serviceaccounts:{SYSTEM_NAMESPACE}",
         "-H", "Impersonate-Group: system:authenticated",
         "-H", f"Impersonate-Extra-authentication.kubernetes.io%2fnode-name: {node}",
         "--data", json.dumps(body),
@@ -342,7 +344,7 @@ def as_agent(
 def nodes(control_plane: lab.Lab, running: dict[str, Any]) -> list[str]:
     names = ["lab-node-a", "lab-node-b"]
     for name in names:
-        doc = _node(name, [PREFLIGHT_TAINT], {"superkube.io/preflight": "pending"})
+        doc = _node(name, [PREFLIGHT_TAINT], {PREFLIGHT_TAINT_KEY: "pending"})
         ok(
             control_plane,
             "apply",
@@ -427,7 +429,7 @@ def test_each_agent_may_make_the_change_it_exists_for(
     )
     assert status == 200, body[:400]
     node = get(control_plane, "node", nodes[0])
-    assert "superkube.io/preflight" not in node["metadata"].get("labels", {})
+    assert PREFLIGHT_TAINT_KEY not in node["metadata"].get("labels", {})
     assert PREFLIGHT_TAINT["key"] not in {t["key"] for t in node["spec"].get("taints", [])}
     assert node["metadata"]["annotations"][preflight.RESULT_ANNOTATION] == "passed"
 
