@@ -33,7 +33,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 @dataclass(frozen=True, kw_only=True)
 class BalloonsArgs:
     pools: Sequence[tuple[PoolSpec, VmSize]]
-    """Every pool with the facts of its VM size (from data/vm_sizes.yaml)."""
+    """Every pool with the facts of its VM size (from src/superkube/data/vm_sizes.yaml)."""
     priority_class: str = BALLOON_PRIORITY
     """PriorityClass of balloon pods (default: superkube-balloon)."""
     image: str = PAUSE_IMAGE

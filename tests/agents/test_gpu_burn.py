@@ -78,14 +78,14 @@ def test_every_burn_reading_on_file_has_a_case() -> None:
 
 def test_the_same_figures_on_an_unknown_model_are_recorded_not_judged(tmp_path: Path) -> None:
     doc = json.loads((READINGS / "burn-slow-gpu5.json").read_text())
-    doc["vm_size"] = "Standard_ND40rs_v2"  # not in data/vm_sizes.yaml
+    doc["vm_size"] = "Standard_ND40rs_v2"  # not in src/superkube/data/vm_sizes.yaml
     path = tmp_path / "reading.json"
     path.write_text(json.dumps(doc))
     result = gpu_probe.verdict(gpu_probe.load_reading(path))
     assert [(f.level, f.reason) for f in result.findings] == [
         (
             "warning",
-            "no expected performance for Standard_ND40rs_v2 in data/gpu_health.yaml: the burn's figures "
+            "no expected performance for Standard_ND40rs_v2 in src/superkube/data/gpu_health.yaml: the burn's figures "
             "were recorded, not judged",
         )
     ]
@@ -304,7 +304,7 @@ def test_the_health_agent_takes_a_node_that_failed_its_test_out() -> None:
 @pytest.mark.gpu
 def test_the_burn_on_the_real_gpus_computes_right_and_meets_the_models_figures() -> None:
     """On a GPU machine: a short burn on every GPU, each product bit-identical to its first and the
-    GPUs agreeing; where the GPU's model is one data/vm_sizes.yaml knows, its figures pass."""
+    GPUs agreeing; where the GPU's model is one src/superkube/data/vm_sizes.yaml knows, its figures pass."""
     assert shutil.which("nvidia-smi"), "this test needs an NVIDIA GPU and its driver"
     performance = gpu_burn.measure(seconds=10)
     print(performance.model_dump_json(indent=2))

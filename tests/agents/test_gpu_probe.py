@@ -68,7 +68,7 @@ def test_an_unknown_xid_is_a_warning_that_says_to_look_it_up() -> None:
     reading = json.loads((READINGS / "healthy.json").read_text())
     reading["gpus"][0]["xid_errors"] = [999]
     (finding,) = gpu_probe.verdict(gpu_probe.parse_reading(reading)).findings
-    assert finding.level == "warning" and "not in data/gpu_health.yaml" in finding.reason
+    assert finding.level == "warning" and "not in src/superkube/data/gpu_health.yaml" in finding.reason
 
 
 def test_thresholds_are_data(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def test_an_unknown_vm_size_is_one_line(write_stack: Callable[..., Path]) -> Non
     result = CliRunner().invoke(app, ["render", "-s", str(write_stack(config))])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines() == [
-        "error: superkube:node_pools[1].vm_size: 'Standard_D8s_v9' is not in data/vm_sizes.yaml (the "
+        "error: superkube:node_pools[1].vm_size: 'Standard_D8s_v9' is not in src/superkube/data/vm_sizes.yaml (the "
         "balloons size their pods from it); add it there with its vcpus, memory_gib and gpus from Azure's "
         "size documentation"
     ]

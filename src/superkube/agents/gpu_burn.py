@@ -12,7 +12,7 @@ For each GPU it measures:
 - `memory_copy_gbps`: device-to-device copies within the GPU's memory, bytes read plus written;
 - `host_to_device_gbps`: copies from pinned host memory over the GPU's PCIe link.
 
-gpu_probe.verdict judges these against the figures data/gpu_health.yaml expects of the VM size's GPU
+gpu_probe.verdict judges these against the figures src/superkube/data/gpu_health.yaml expects of the VM size's GPU
 model. The burn needs PyTorch with CUDA (the GPU tests' image, Dockerfile.gputests); it is imported
 only when `measure` runs, so the rest of superkube never needs it.
 """

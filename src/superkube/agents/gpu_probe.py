@@ -2,7 +2,7 @@
 
 A reading is what NVML reports for every GPU of a node (the count, Xid events, ECC counters, retired
 pages, remapped rows, PCIe link, NVLink state), saved as JSON so an incident can be explained later
-(`superkube health explain FILE`). The verdict applies `data/gpu_health.yaml`: `fatal` takes the node
+(`superkube health explain FILE`). The verdict applies `src/superkube/data/gpu_health.yaml`: `fatal` takes the node
 out of service, `warning` is recorded, `healthy` is neither. Reading NVML needs a GPU and the
 maintained NVIDIA binding (`nvidia-ml-py`, imported only when `read_nvml` runs); the verdict is pure.
 """
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from superkube.agents.gpu_burn import Performance
 
-THRESHOLDS = Path(__file__).resolve().parents[3] / "data" / "gpu_health.yaml"
+THRESHOLDS = Path(__file__).resolve().parents[1] / "data" / "gpu_health.yaml"
 Level = Literal["healthy", "warning", "fatal"]
 ORDER = {"healthy": 0, "warning": 1, "fatal": 2}
 
@@ -256,7 +256,9 @@ def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
         elif xid in t.xid["warning"]:
             out.append(Finding("warning", i, f"Xid {xid}: {t.xid['warning'][xid]}"))
         else:
-            out.append(Finding("warning", i, f"Xid {xid}: not in data/gpu_health.yaml; look it up"))
+            out.append(
+                Finding("warning", i, f"Xid {xid}: not in src/superkube/data/gpu_health.yaml; look it up")
+            )
     if gpu.ecc.volatile_double_bit >= t.ecc["volatile_double_bit_fatal"]:
         out.append(
             Finding(
@@ -302,7 +304,7 @@ def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
     return out
 
 
-# (expected figure in data/gpu_health.yaml, the burn's field, what it is, its unit)
+# (expected figure in src/superkube/data/gpu_health.yaml, the burn's field, what it is, its unit)
 FIGURES: tuple[tuple[Figure, str, str, str], ...] = (
     ("matmul_bf16_tflops", "matmul_tflops", "bf16 matrix multiply", "TFLOP/s"),
     ("memory_copy_gbps", "memory_copy_gbps", "memory copy", "GB/s"),
@@ -353,7 +355,7 @@ def _performance_findings(reading: Reading, t: Thresholds) -> list[Finding]:
             Finding(
                 "warning",
                 None,
-                f"no expected performance for {model or reading.vm_size} in data/gpu_health.yaml: "
+                f"no expected performance for {model or reading.vm_size} in src/superkube/data/gpu_health.yaml: "
                 "the burn's figures were recorded, not judged",
             )
         )

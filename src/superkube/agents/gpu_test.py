@@ -5,7 +5,7 @@ with no GPU in use, at a priority below the autoscaler's expendable cutoff that 
 they neither displace work nor make the autoscaler add nodes; any real pod preempts them. Here, on
 that node, the test probes the GPUs (`gpu_probe`, as preflight does) and runs the active check
 (`gpu_burn`: matrix-multiply burn with a bitwise check, memory and PCIe bandwidth) against what the
-VM size's GPU model should reach (data/gpu_health.yaml).
+VM size's GPU model should reach (src/superkube/data/gpu_health.yaml).
 
 It records the result on its own node, and nothing else: the annotation
 `superkube.io/gpu-test-result` ("passed <time>" or "failed <time>: <reasons>") and an Event

@@ -1,4 +1,4 @@
-"""What one VM of each Azure size has (vCPUs, memory, GPUs), read once from data/vm_sizes.yaml."""
+"""What one VM of each Azure size has (vCPUs, memory, GPUs), read once from src/superkube/data/vm_sizes.yaml."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 
 from superkube.model.spec import ClusterSpec, SpecError
 
-DATA = Path(__file__).resolve().parents[3] / "data" / "vm_sizes.yaml"
+DATA = Path(__file__).resolve().parents[1] / "data" / "vm_sizes.yaml"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource NVIDIA's device plugin advertises, which pods request and templates declare."""
@@ -47,7 +47,7 @@ def size(name: str, where: str) -> VmSize:
     sizes, _ = _load()
     if name not in sizes:
         raise UnknownVmSize(
-            f"{where}: VM size {name!r} is not in data/vm_sizes.yaml; add it with its vcpus, memory_gib "
+            f"{where}: VM size {name!r} is not in src/superkube/data/vm_sizes.yaml; add it with its vcpus, memory_gib "
             "and gpus from Azure's size documentation"
         )
     return sizes[name]
@@ -64,7 +64,7 @@ def check(spec: ClusterSpec) -> None:
         except UnknownVmSize:
             raise SpecError(
                 key,
-                f"{pool.vm_size!r} is not in data/vm_sizes.yaml (the balloons size their pods from it)",
+                f"{pool.vm_size!r} is not in src/superkube/data/vm_sizes.yaml (the balloons size their pods from it)",
                 "add it there with its vcpus, memory_gib and gpus from Azure's size documentation",
             ) from None
         if vm.gpus != pool.gpus_per_node:
