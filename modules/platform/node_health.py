@@ -5,7 +5,7 @@ the thresholds both read.
 Both agents run one DaemonSet per GPU pool (the pool's VM facts tell the probe how many GPUs to
 expect), on the host network so Prometheus's `node-agents` job finds them at the node's address, and
 see the GPUs through the NVIDIA runtime without requesting any (NVIDIA_VISIBLE_DEVICES=all). Their
-thresholds are a ConfigMap made from data/gpu_health.yaml, so a threshold change is a reviewed
+thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a threshold change is a reviewed
 `pulumi up` like any other.
 
 - preflight (superkube.agents.preflight): only on nodes labelled superkube.io/preflight=pending;
@@ -30,6 +30,7 @@ from modules.platform.balloons import tolerations as pool_tolerations
 from modules.platform.foundation import GPU_TEST_PRIORITY, NAMESPACE, NODE_AGENT_PRIORITY
 from modules.platform.objects import Manifest
 from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
+from superkube.agents import node_health as node_health_agent
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
@@ -46,12 +47,22 @@ THRESHOLDS_DIR = "/etc/superkube"
 GPU_TEST = "superkube-gpu-test"
 FENCE = "superkube-preflight-own-node"
 GPU_TEST_FENCE = "superkube-gpu-test-own-node"
+HEALTH_FENCE = "superkube-node-health-own-node"
+HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
+# where the health agent may never evict: the control plane's add-ons and the agents themselves
+PROTECTED_NAMESPACES = ("kube-system", NAMESPACE)
 Agent = Literal["health", "preflight"]
-Fenced = Literal["preflight", "gpu-test"]
+Fenced = Literal["preflight", "gpu-test", "health"]
 SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
 # a writable /tmp for the GPU tests under a read-only root (CUDA and PyTorch keep caches there)
 SCRATCH = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
 SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/tmp"}
+# what the active check needs (PyTorch and CUDA on every GPU, pinned host buffers): preflight and the
+# periodic test run the same burn, so they get the same memory; the health agent only reads NVML
+BURN_MEMORY = "16Gi"
+BURN_CPU = "2"
+AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+BURN_RESOURCES = {"requests": {"cpu": BURN_CPU, "memory": BURN_MEMORY}, "limits": {"memory": BURN_MEMORY}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,18 +127,39 @@ def _or_empty(path: str, empty: str) -> str:
     return f"(has({path}) ? {path} : {empty})"
 
 
-FENCES: dict[Fenced, tuple[str, str, str | None, str]] = {
-    # the policy's name, the service account, the taint and label it may remove, its annotation
-    "preflight": (FENCE, PREFLIGHT, PREFLIGHT_TAINT_KEY, RESULT_ANNOTATION),
-    "gpu-test": (GPU_TEST_FENCE, GPU_TEST, None, gpu_test.RESULT_ANNOTATION),
+@dataclass(frozen=True)
+class Fence:
+    policy: str
+    account: str
+    who: str
+    removable: str | None
+    """the taint and label it may remove (preflight's own), if any"""
+    annotations: tuple[str, ...]
+    """the annotations it may set"""
+    may_cordon: bool = False
+    """it may cordon (never uncordon) its node"""
+
+
+FENCES: dict[Fenced, Fence] = {
+    "preflight": Fence(FENCE, PREFLIGHT, "the preflight agent", PREFLIGHT_TAINT_KEY, (RESULT_ANNOTATION,)),
+    "gpu-test": Fence(GPU_TEST_FENCE, GPU_TEST, "the periodic GPU test", None, (gpu_test.RESULT_ANNOTATION,)),
+    "health": Fence(
+        HEALTH_FENCE,
+        HEALTH,
+        "the health agent",
+        None,
+        (node_health_agent.ANNOTATION, node_health_agent.ANNOTATION_AT),
+        may_cordon=True,
+    ),
 }
 
 
 def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
     """CEL over the node before (oldObject) and after (object) the agent's change: its own node, no
-    taint or label change but removing the one it may remove, no annotation but its own, no cordon."""
-    _, _, removable, result = FENCES[agent]
-    who = "the preflight agent" if agent == "preflight" else "the periodic GPU test"
+    taint or label change but removing the one it may remove, no annotation but its own, no uncordon
+    (and no cordon but by the health agent)."""
+    f = FENCES[agent]
+    removable, who = f.removable, f.who
     taints, old_taints = _or_empty("object.spec.taints", "[]"), _or_empty("oldObject.spec.taints", "[]")
     labels, old_labels = (
         _or_empty("object.metadata.labels", "{}"),
@@ -141,6 +173,11 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
     may_drop_label = f"k == '{removable}' || " if removable else ""
     taint_rule = f"may only remove the {removable} taint" if removable else "may not change taints"
     label_rule = f"may only remove the {removable} label" if removable else "may not change labels"
+    own = " || ".join(f"k == '{a}'" for a in f.annotations)
+    cordoned, was_cordoned = (
+        "(has(object.spec.unschedulable) && object.spec.unschedulable)",
+        "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)",
+    )
     rules = [
         {
             "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
@@ -158,24 +195,26 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             "message": f"{who} {label_rule}",
         },
         {
-            "expression": f"{notes}.all(k, k == '{result}' || (k in {old_notes} && {old_notes}[k] == {notes}[k])) "
+            "expression": f"{notes}.all(k, {own} || (k in {old_notes} && {old_notes}[k] == {notes}[k])) "
             f"&& {old_notes}.all(k, k in {notes})",
-            "message": f"{who} may only set the {result} annotation",
+            "message": f"{who} may only set the {' and '.join(f.annotations)} annotation"
+            + ("s" if len(f.annotations) > 1 else ""),
         },
         {
-            "expression": "(has(object.spec.unschedulable) && object.spec.unschedulable) == "
-            "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)",
-            "message": f"{who} may not cordon or uncordon",
+            "expression": f"!{was_cordoned} || {cordoned}"
+            if f.may_cordon
+            else f"{cordoned} == {was_cordoned}",
+            "message": f"{who} may cordon but never uncordon"
+            if f.may_cordon
+            else f"{who} may not cordon or uncordon",
         },
     ]
     # a denial is 403 Forbidden, as RBAC's would be (a validation's default reason, Invalid, answers 422)
     return [{**rule, "reason": "Forbidden"} for rule in rules]
 
 
-def fence(agent: Fenced = "preflight") -> list[Manifest]:
-    """The ValidatingAdmissionPolicy and its binding: the agent's node updates are denied unless they
-    keep to fence_validations(agent)."""
-    name, account, _, _ = FENCES[agent]
+def _policy(name: str, account: str, rule: Manifest, validations: list[dict[str, str]]) -> list[Manifest]:
+    """A ValidatingAdmissionPolicy for one service account's requests, and its binding."""
     return [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -183,23 +222,14 @@ def fence(agent: Fenced = "preflight") -> list[Manifest]:
             "metadata": objects.meta(name, COMPONENT),
             "spec": {
                 "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["UPDATE"],
-                            "resources": ["nodes"],
-                        }
-                    ]
-                },
+                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], **rule}]},
                 "matchConditions": [
                     {
-                        "name": f"the-{agent}-agent",
+                        "name": "its-service-account",
                         "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{account}'",
                     }
                 ],
-                "validations": fence_validations(agent),
+                "validations": validations,
             },
         },
         {
@@ -209,6 +239,37 @@ def fence(agent: Fenced = "preflight") -> list[Manifest]:
             "spec": {"policyName": name, "validationActions": ["Deny"]},
         },
     ]
+
+
+def eviction_validations() -> list[dict[str, str]]:
+    """What an Eviction the health agent creates may be. An Eviction names a pod, not its node, so
+    admission cannot hold the agent to its own node's pods (the agent lists only those, by field
+    selector); it holds it to workload namespaces and to the pod's own grace period."""
+    protected = ", ".join(f"'{n}'" for n in PROTECTED_NAMESPACES)
+    rules = [
+        {
+            "expression": f"!(request.namespace in [{protected}])",
+            "message": f"the health agent may not evict pods of {' or '.join(PROTECTED_NAMESPACES)}",
+        },
+        {
+            "expression": "!has(object.deleteOptions) || !has(object.deleteOptions.gracePeriodSeconds) || "
+            "object.deleteOptions.gracePeriodSeconds > 0",
+            "message": "the health agent may not shorten a pod's grace period to 0",
+        },
+    ]
+    return [{**rule, "reason": "Forbidden"} for rule in rules]
+
+
+def fence(agent: Fenced = "preflight") -> list[Manifest]:
+    """The admission policies and bindings that hold `agent` to fence_validations (its node updates),
+    and the health agent also to eviction_validations."""
+    f = FENCES[agent]
+    nodes = {"operations": ["UPDATE"], "resources": ["nodes"]}
+    out = _policy(f.policy, f.account, nodes, fence_validations(agent))
+    if agent == "health":
+        evictions = {"operations": ["CREATE"], "resources": ["pods/eviction"]}
+        out += _policy(HEALTH_EVICTION_FENCE, f.account, evictions, eviction_validations())
+    return out
 
 
 def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) -> Manifest:
@@ -252,7 +313,7 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         ],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": port, "hostPort": port}],
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "resources": AGENT_RESOURCES if agent == "health" else BURN_RESOURCES,
         "livenessProbe": {
             "httpGet": {"path": "/metrics", "port": port},
             "periodSeconds": 30,
@@ -331,8 +392,8 @@ def periodic_test(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs) -> Manifest:
             {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
         ],
         "resources": {
-            "requests": {"cpu": "2", "memory": "16Gi", GPU_RESOURCE: str(vm.gpus)},
-            "limits": {"memory": "16Gi", GPU_RESOURCE: str(vm.gpus)},
+            "requests": {"cpu": BURN_CPU, "memory": BURN_MEMORY, GPU_RESOURCE: str(vm.gpus)},
+            "limits": {"memory": BURN_MEMORY, GPU_RESOURCE: str(vm.gpus)},
         },
         "volumeMounts": [
             {"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True},
@@ -409,6 +470,7 @@ def manifests(args: NodeHealthArgs) -> list[Manifest]:
             "data": {args.thresholds.name: args.thresholds.read_text()},
         },
         *fence(),
+        *fence("health"),
         *(m for agent in agents for m in _access(agent)),
         *(daemonset(pool, vm, args, agent) for agent in agents for pool, vm in args.pools),
         *(

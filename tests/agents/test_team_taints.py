@@ -117,12 +117,10 @@ def test_dry_run_and_a_broken_configuration_write_nothing(config: Path) -> None:
 def test_the_patch_is_valid_json_patch_that_keeps_other_taints() -> None:
     before = nodes()[0]
     after = team_taints.desired_taints(before, teams.owner(teams.parse(TEAMS), before["metadata"]["labels"]))
-    result = jsonpatch.apply_patch(before, team_taints.patch(before["spec"]["taints"], after))
+    result = jsonpatch.apply_patch(before, team_taints.patch(before, after))
     assert result["spec"]["taints"] == [OTHER, teams.taint("research")]
     with pytest.raises(jsonpatch.JsonPatchTestFailed):  # the taints changed since they were read
-        jsonpatch.apply_patch(
-            {**before, "spec": {"taints": []}}, team_taints.patch(before["spec"]["taints"], after)
-        )
+        jsonpatch.apply_patch({**before, "spec": {"taints": []}}, team_taints.patch(before, after))
 
 
 # --- as a process -------------------------------------------------------------------------------

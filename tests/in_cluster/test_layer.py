@@ -258,6 +258,45 @@ def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan
     Thresholds.model_validate(yaml.safe_load(config["data"]["gpu_health.yaml"]))
 
 
+def test_preflight_has_the_memory_of_the_burn_it_runs(any_plan: Plan) -> None:
+    """Preflight runs the same active check as the periodic test (PyTorch, CUDA on every GPU, a
+    pinned host buffer): it gets the same memory, not the health agent's few hundred MiB."""
+    from superkube.agents.gpu_burn import H2D_BYTES
+
+    def memory(container: dict[str, Any], side: str) -> int:
+        value = container["resources"][side]["memory"]
+        return int(value.removesuffix("Gi")) * 1024 if value.endswith("Gi") else int(value.removesuffix("Mi"))
+
+    sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet")}
+    (test_job,) = [c for c in of_kind(any_plan, "CronJob") if "gpu-test" in c["metadata"]["name"]][:1]
+    (periodic,) = test_job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    for name, ds in sets.items():
+        (container,) = ds["spec"]["template"]["spec"]["containers"]
+        if "preflight" in name:
+            assert memory(container, "limits") == memory(periodic, "limits") >= 8 * (H2D_BYTES >> 20) + 4096
+            assert memory(container, "requests") == memory(container, "limits")
+        else:
+            assert memory(container, "limits") <= 256
+
+
+def test_the_agents_image_tag_follows_the_code(tmp_path: Path) -> None:
+    """The layer pins the agents' image by a digest of the package: a changed module is a new tag
+    (so new code rolls out), an unchanged copy the same one."""
+    import shutil
+
+    from superkube.agents import PACKAGE, content_digest, image_tag
+
+    copy = tmp_path / "superkube"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert content_digest(copy) == content_digest(PACKAGE)
+    (copy / "data" / "gpu_health.yaml").write_text((copy / "data" / "gpu_health.yaml").read_text() + "\n")
+    assert content_digest(copy) != content_digest(PACKAGE)
+    shutil.copytree(PACKAGE, tmp_path / "again", ignore=shutil.ignore_patterns("__pycache__"))
+    agent = tmp_path / "again" / "agents" / "node_health.py"
+    agent.write_text(agent.read_text().replace("cordon", "cordon ", 1))
+    assert image_tag(tmp_path / "again") != image_tag(PACKAGE)
+
+
 def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     roles = {r["metadata"]["name"]: r for r in of_kind(any_plan, "ClusterRole")}
     granted = {
@@ -278,17 +317,18 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     bindings = {
         b["spec"]["policyName"]: b["spec"] for b in of_kind(any_plan, "ValidatingAdmissionPolicyBinding")
     }
-    assert bindings == {
-        name: {"policyName": name, "validationActions": ["Deny"]}
-        for name in ("superkube-preflight-own-node", "superkube-gpu-test-own-node")
+    fenced = {
+        "superkube-preflight-own-node": "superkube-preflight'",
+        "superkube-gpu-test-own-node": "superkube-gpu-test'",
+        # the most powerful agent too: its own node, and workload pods only
+        "superkube-node-health-own-node": "superkube-node-health'",
+        "superkube-node-health-evictions": "superkube-node-health'",
     }
+    assert bindings == {name: {"policyName": name, "validationActions": ["Deny"]} for name in fenced}
     policies = {p["metadata"]["name"]: p for p in of_kind(any_plan, "ValidatingAdmissionPolicy")}
     assert {
         name: p["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1] for name, p in policies.items()
-    } == {
-        "superkube-preflight-own-node": "superkube-preflight'",
-        "superkube-gpu-test-own-node": "superkube-gpu-test'",
-    }
+    } == fenced
 
 
 def test_periodic_gpu_tests_take_whole_idle_nodes_and_never_add_or_displace_any(any_plan: Plan) -> None:
@@ -331,8 +371,10 @@ def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -
     config["superkube:gpu_test_schedule"] = ""
     plan = planning.run(ROOT, str(write_stack(config)))
     assert of_kind(plan, "CronJob") == []
-    assert [b["spec"]["policyName"] for b in of_kind(plan, "ValidatingAdmissionPolicyBinding")] == [
-        "superkube-preflight-own-node"
+    assert sorted(b["spec"]["policyName"] for b in of_kind(plan, "ValidatingAdmissionPolicyBinding")) == [
+        "superkube-node-health-evictions",
+        "superkube-node-health-own-node",
+        "superkube-preflight-own-node",
     ]
 
 

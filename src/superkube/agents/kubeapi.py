@@ -4,6 +4,7 @@ they make, the Event they record each action with, and which errors mean "unreac
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -80,7 +81,9 @@ def event(
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{name}.{int(at.timestamp() * 1e6):x}", "namespace": EVENT_NAMESPACE},
+        # the server names it (the node's name and a random suffix, retried on a clash): a name made
+        # from the time is the same for every Event of one round, and the server refuses the second
+        "metadata": {"generateName": f"{name}.", "namespace": EVENT_NAMESPACE},
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", "")},
         "type": type_,
         "reason": reason,
@@ -94,12 +97,35 @@ def event(
     }
 
 
+# statuses that mean "not now": too many requests, or the server (or what fronts it) failing
+_RETRY_LATER = frozenset({429, 500, 502, 503, 504})
+
+
 def unreachable(exc: BaseException) -> bool:
-    """Errors that mean the API server could not be asked (or refused for now), not a bug."""
+    """The API server could not be asked, or asked us to come back later: no connection, a timeout,
+    TLS, 429 or a 5xx. Anything else the server says (403, 404, 409, 422...) is an answer, and a
+    local error (a file that cannot be read) is no network error either."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    return isinstance(exc, ApiException | HTTPError | OSError)
+    if isinstance(exc, ApiException):
+        return not exc.status or exc.status in _RETRY_LATER
+    return isinstance(exc, HTTPError | ConnectionError | TimeoutError)
+
+
+def refused(exc: BaseException) -> str:
+    """What the API server answered, for a refusal (a 4xx other than 429): e.g. "403 Forbidden:
+    nodes "a" is forbidden: ..."; empty for anything else."""
+    from kubernetes.client.exceptions import ApiException
+
+    if not isinstance(exc, ApiException) or unreachable(exc):
+        return ""
+    message = ""
+    try:
+        message = str(json.loads(exc.body or "{}").get("message", ""))
+    except (ValueError, AttributeError):
+        message = str(exc.body or "")[:200]
+    return f"{exc.status} {exc.reason}: {message}".strip().rstrip(":")
 
 
 class Kube:
@@ -173,9 +199,12 @@ def serve(
     max_backoff: float,
     rounds: int | None = None,
 ) -> None:
-    """Run `one_round` every `interval` seconds until it returns True (or `rounds` are done). While
-    the API server cannot be reached, back off (doubling, to `max_backoff`) with `api_up` at 0 and
-    one log line a try; any other error is a bug and is raised."""
+    """Run `one_round` every `interval` seconds until it returns True (or `rounds` are done).
+    - The API server cannot be reached (or says "later"): back off (doubling, to `max_backoff`) with
+      `api_up` at 0 and one log line a try.
+    - The server refused a request (403, 404, 409, 422...): it is up; one error line with its answer
+      (a missing permission, an admission policy, a conflict) and the next round at the interval.
+    - Anything else is a bug or a local fault (a file that cannot be read) and is raised."""
     delay, done = interval, 0
     while rounds is None or done < rounds:
         try:
@@ -183,13 +212,19 @@ def serve(
                 return
             delay = interval
         except Exception as exc:  # classified here
-            if not unreachable(exc):
+            answer = refused(exc)
+            if answer:
+                api_up.set(1)
+                delay = interval
+                log.error("the API server refused a request: %s; next round in %.0f s", answer[:300], delay)
+            elif unreachable(exc):
+                api_up.set(0)
+                delay = min(max(delay * 2, interval), max_backoff)
+                log.error(
+                    "API server unreachable (%s); next try in %.0f s", str(exc).splitlines()[0][:200], delay
+                )
+            else:
                 raise
-            api_up.set(0)
-            delay = min(max(delay * 2, interval), max_backoff)
-            log.error(
-                "API server unreachable (%s); next try in %.0f s", str(exc).splitlines()[0][:200], delay
-            )
         done += 1
         if rounds is None or done < rounds:
             time.sleep(delay)
@@ -259,7 +294,9 @@ def agent_parser(prog: str, description: str, metrics_port: int) -> argparse.Arg
     p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""))
     p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS", "0") or 0))
     p.add_argument("--reading", type=Path, help="a saved probe reading instead of NVML (tests, incidents)")
-    p.add_argument("--thresholds", type=Path, default=None, help="default: data/gpu_health.yaml")
+    p.add_argument(
+        "--thresholds", type=Path, default=None, help="default: src/superkube/data/gpu_health.yaml"
+    )
     p.add_argument(
         "--dcgm-url",
         default=os.environ.get("DCGM_URL", ""),
@@ -327,7 +364,7 @@ def run_agent(
         return 2
     try:
         serve(make_round(probe, kube), metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
-    except gpu_probe.ReadingError as e:
+    except (gpu_probe.ReadingError, OSError) as e:  # a reading or a local file: this node's fault, said once
         print(f"{component}: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,7 +1,7 @@
 """Passive GPU health: on a fatal verdict, cordon the node and evict its pods, saying why.
 
 Runs on every GPU node (a DaemonSet of the in-cluster layer, on the host network). Each round it
-reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in data/gpu_health.yaml)
+reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in src/superkube/data/gpu_health.yaml)
 and acts on the verdict:
 - fatal: cordon the node (`spec.unschedulable`) with the reason in the annotation
   `superkube.io/health-cordoned`, then evict its pods through the Eviction API, so
@@ -86,7 +86,10 @@ def in_preflight(node: Mapping[str, Any]) -> bool:
 
 
 def cordoned_by_us(node: Mapping[str, Any]) -> bool:
-    return ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
+    """Cordoned now, and by this agent: its annotation alone is history (the recovery uncordons and
+    may leave it), so a repaired node neither holds the breaker open nor escapes a second cordon."""
+    annotated = ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
+    return annotated and bool((node.get("spec") or {}).get("unschedulable"))
 
 
 def evictable(pods: Iterable[Mapping[str, Any]]) -> tuple[PodRef, ...]:

@@ -3,7 +3,9 @@
 Each round it reads the tuples (the mounted ConfigMap, reread every round so an applied change takes
 effect without a restart), lists the nodes, and for each node whose team taint differs from the one
 its labels call for (the highest-priority matching tuple's team; none when no tuple matches) sends
-one JSON patch: a `test` of the taints it read, then the taints with only the team taint changed.
+one JSON patch: a `test` of the taints it read (of its resourceVersion when it has none), then the
+taints with only the team taint changed. A patch the server refuses (a node changed since it was
+read, a policy) is logged and counted, and the round goes on to the next node.
 Every other taint is left exactly as it was; a node already right gets no request at all, so a
 second round with nothing changed writes nothing. Each change is logged and recorded as an Event
 on the node; with --dry-run it is logged only.
@@ -27,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, serve
+from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, refused, serve
 from superkube.cluster.kube import TEAM_TAINTS_METRICS_PORT
 from superkube.model import teams
 
@@ -69,12 +71,22 @@ def action(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -
     return "remove" if not has else "change"
 
 
-def patch(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`test` the taints as read, then replace them: a node changed since it was read is not overwritten."""
-    return [
-        {"op": "test", "path": "/spec/taints", "value": old},
-        {"op": "replace", "path": "/spec/taints", "value": new},
-    ]
+def patch(node: Mapping[str, Any], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The JSON patch from `node` as read to taints `new`, refused by the server if the node changed
+    since: `test` the taints as read, then replace them. A node with no taints has no `taints` field
+    at all (the server leaves an empty list out), so there is nothing to `test`: its
+    resourceVersion guards the `add` instead."""
+    spec = node.get("spec") or {}
+    if "taints" in spec:
+        return [
+            {"op": "test", "path": "/spec/taints", "value": spec["taints"]},
+            {"op": "replace", "path": "/spec/taints", "value": new},
+        ]
+    version = (node.get("metadata") or {}).get("resourceVersion")
+    guard = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}] if version else []
+    if "spec" not in node:
+        return [*guard, {"op": "add", "path": "/spec", "value": {"taints": new}}]
+    return [*guard, {"op": "add", "path": "/spec/taints", "value": new}]
 
 
 @dataclass
@@ -94,6 +106,12 @@ class Metrics:
         self.api_up = Gauge(
             "superkube_team_taints_api_up",
             "1 when the last round reached the API server.",
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "superkube_team_taint_refused",
+            "Node patches the API server refused (by status: 403 a policy, 409/422 a node changed since read).",
+            ["code"],
             registry=self.registry,
         )
         self.config_ok = Gauge(
@@ -137,13 +155,22 @@ class Reconciler:
                 log.warning("dry-run: would %s the team taint of %s (%s)", what, name, message)
                 continue
             log.warning("%s: %s", name, message)
-            self.kube.patch_node(name, patch(old, new))
+            try:
+                self.kube.patch_node(name, patch(node, new))
+            except Exception as exc:  # a refusal is this node's, not the round's: the others go on
+                answer = refused(exc)
+                if not answer:
+                    raise
+                self.metrics.refused.labels(answer.split()[0]).inc()
+                log.error("%s: the API server refused the team taint %s (%s); next round", name, what, answer)
+                done[what] -= 1
+                continue
             self.metrics.changes.labels(what).inc()
             self.kube.create_event(event(node, COMPONENT, "Normal", "TeamTaint", message, now()))
         self.metrics.nodes.clear()
         for team, count in owners.items():
             self.metrics.nodes.labels(team).set(count)
-        return dict(done)
+        return dict(+done)  # without the nodes whose patch was refused
 
 
 def _taint_of(taints: Sequence[Mapping[str, Any]]) -> str:

@@ -1,0 +1,211 @@
+"""One etcd and one kube-apiserver on loopback, from the pinned build: the real API server for tests
+and benchmarks that need what the server does (patch semantics, conflicts, RBAC, NodeRestriction,
+admission policies and webhooks, evictions) but not a whole lab of hosts. It starts in seconds.
+
+The server runs with the production role's authorization and admission (Node,RBAC; NodeRestriction;
+bootstrap tokens; service-account tokens bound to pods, which carry the pod's node name), on
+addresses and ports of 127.0.0.1 only. No controller-manager runs: a test creates the service
+accounts, nodes and pods it needs, and mints tokens with the TokenRequest API, as the kubelet does
+for a pod.
+
+    with apiserver.running(workdir) as api:
+        api.kubeconfig            # cluster-admin (system:masters), a client certificate
+        api.token_kubeconfig(...) # a service account's identity, bound to a pod on a node
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from superkube.lab import build
+
+SERVICE_CIDR = "10.96.0.0/24"
+ISSUER = "https://kubernetes.default.svc"
+READY_TIMEOUT_S = 60.0
+_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+
+class ApiServerError(Exception):
+    """The local control plane could not start: one line, with where its log is."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _openssl(d: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+
+def _issue(d: Path, name: str, subject: str, ext: str) -> None:
+    _openssl(d, "req", *_KEY, "-subj", subject, "-keyout", f"{name}.key", "-out", f"{name}.csr")
+    (d / f"{name}.cnf").write_text(ext)
+    _openssl(d, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "2", "-extfile", f"{name}.cnf", "-out", f"{name}.crt")  # fmt: skip
+
+
+def pki(d: Path) -> None:
+    """A CA; the server's certificate for 127.0.0.1; an admin client certificate; the service
+    account signing key pair."""
+    d.mkdir(parents=True, exist_ok=True)
+    _openssl(d, "req", "-x509", *_KEY, "-days", "2", "-subj", "/CN=superkube local CA",
+             "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    _issue(d, "apiserver", "/CN=kube-apiserver",
+           "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")  # fmt: skip
+    _issue(d, "admin", "/O=system:masters/CN=superkube-admin", "extendedKeyUsage=clientAuth\n")
+    _openssl(d, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key")
+    _openssl(d, "pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+
+
+def kubeconfig(path: Path, url: str, ca: Path, user: dict[str, str]) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": url, "certificate-authority": str(ca)}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+        "current-context": "local",
+    }
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+@dataclass
+class LocalApi:
+    """A running etcd and kube-apiserver (see the module doc)."""
+
+    dir: Path
+    url: str
+    kubeconfig: Path
+    kubectl: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def token_kubeconfig(self, name: str, token: str) -> Path:
+        """A kubeconfig that authenticates with `token` (a service account's, a bootstrap token)."""
+        return kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.dir / "pki" / "ca.crt",
+                          {"token": token})  # fmt: skip
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.processes):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.processes.clear()
+
+
+def _spawn(d: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    with (d / f"{name}.log").open("wb") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_ready(api: LocalApi, deadline: float) -> None:
+    pk = api.dir / "pki"
+    context = ssl.create_default_context(cafile=str(pk / "ca.crt"))
+    context.load_cert_chain(str(pk / "admin.crt"), str(pk / "admin.key"))
+    last = ""
+    while time.monotonic() < deadline:
+        for p in api.processes:
+            if p.poll() is not None:
+                name = Path(str(next(iter(p.args)))).name  # type: ignore[arg-type]
+                raise ApiServerError(f"{name} exited with {p.returncode}; see its log in {api.dir}")
+        try:
+            with urllib.request.urlopen(f"{api.url}/readyz", context=context, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        time.sleep(0.2)
+    raise ApiServerError(
+        f"the local API server was not ready in {READY_TIMEOUT_S:.0f} s ({last}); see {api.dir}"
+    )
+
+
+def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) -> LocalApi:
+    """Build (or find in the cache) etcd and Kubernetes at the pinned versions, then start them."""
+    wanted = [c for c in build.components() if c.name in ("etcd", "kubernetes")]
+    built = {
+        b.component.name: b for b in build.build_all(wanted, lambda label, what: progress(f"{label}: {what}"))
+    }
+    d = workdir
+    pk = d / "pki"
+    pki(pk)
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    url = f"https://127.0.0.1:{api_port}"
+    api = LocalApi(
+        dir=d,
+        url=url,
+        kubeconfig=kubeconfig(
+            d / "admin.kubeconfig",
+            url,
+            pk / "ca.crt",
+            {"client-certificate": str(pk / "admin.crt"), "client-key": str(pk / "admin.key")},
+        ),
+        kubectl=built["kubernetes"].binary("kubectl"),
+    )
+    etcd = f"http://127.0.0.1:{etcd_port}"
+    peer = f"http://127.0.0.1:{peer_port}"
+    api.processes.append(_spawn(d, "etcd", [
+        str(built["etcd"].binary("etcd")), "--name=local", f"--data-dir={d / 'etcd'}",
+        f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}",
+        f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=local={peer}", "--unsafe-no-fsync", "--log-level=warn",
+    ]))  # fmt: skip
+    api.processes.append(_spawn(d, "kube-apiserver", [
+        str(built["kubernetes"].binary("kube-apiserver")),
+        f"--etcd-servers={etcd}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+        f"--secure-port={api_port}",
+        f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
+        f"--client-ca-file={pk / 'ca.crt'}",
+        f"--service-account-issuer={ISSUER}", f"--service-account-key-file={pk / 'sa.pub'}",
+        f"--service-account-signing-key-file={pk / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+        "--enable-bootstrap-token-auth=true", "--allow-privileged=true", "--profiling=false",
+        "--endpoint-reconciler-type=none",
+    ]))  # fmt: skip
+    try:
+        _wait_ready(api, time.monotonic() + READY_TIMEOUT_S)
+    except BaseException:
+        api.stop()
+        raise
+    progress(f"API server ready at {url}")
+    return api
+
+
+@contextlib.contextmanager
+def running(workdir: Path, progress: Callable[[str], None] = lambda line: None) -> Iterator[LocalApi]:
+    api = start(workdir, progress)
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+def kubectl(api: LocalApi, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    """kubectl as the admin; its stdout (raises CalledProcessError with its stderr when `check`)."""
+    env = {**os.environ, "KUBECONFIG": str(api.kubeconfig)}
+    done = subprocess.run([str(api.kubectl), *args], input=stdin, capture_output=True, text=True,
+                          env=env, timeout=60, check=False)  # fmt: skip
+    if check and done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, args, done.stdout, done.stderr)
+    return done.stdout

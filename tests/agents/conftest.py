@@ -1,0 +1,117 @@
+"""The real API server the agents' tests run against (etcd and kube-apiserver at the pinned versions,
+on loopback: `superkube.lab.apiserver`), one per test session, and what tests make on it: nodes,
+pods bound to them, service accounts and the tokens a kubelet would mint for a pod."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from superkube.lab import apiserver
+from superkube.lab.apiserver import LocalApi
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApi]:
+    with apiserver.running(tmp_path_factory.mktemp("apiserver")) as running:
+        yield running
+
+
+def unique(prefix: str) -> str:
+    """A name no other test of the session uses (they share one API server)."""
+    return f"{prefix}-{next(_names)}"
+
+
+def admin(api: LocalApi) -> Any:
+    """CoreV1Api as the cluster admin."""
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(api.kubeconfig)))
+
+
+def apply(api: LocalApi, *docs: dict[str, Any]) -> None:
+    apiserver.kubectl(api, "apply", "--server-side", "--field-manager=test", "-f", "-",
+                      stdin="\n---\n".join(json.dumps(d) for d in docs))  # fmt: skip
+
+
+def make_node(
+    api: LocalApi, name: str, labels: dict[str, str] | None = None, taints: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A Node as a kubelet registers it (no taints field at all when it has none)."""
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+    }
+    core = admin(api)
+    core.create_node(body)
+    # the server taints a new node not-ready; the node lifecycle controller lifts that once the
+    # kubelet reports Ready (none runs here): the node as it is in service, taints as asked
+    core.patch_node(name, {"spec": {"taints": None}})
+    if taints:
+        core.patch_node(name, {"spec": {"taints": taints}})
+    node: dict[str, Any] = core.api_client.sanitize_for_serialization(core.read_node(name))
+    return node
+
+
+def account(api: LocalApi, ns: str, name: str) -> None:
+    """Service account `ns/name`, made if it is not there yet."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        admin(api).create_namespaced_service_account(ns, {"metadata": {"name": name}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def make_pod(api: LocalApi, namespace: str, name: str, node: str, **spec: Any) -> None:
+    """A pod bound to `node` (no scheduler runs), running nothing."""
+    core = admin(api)
+    account(api, namespace, spec.get("service_account", "default"))
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": spec.pop("service_account", "default"),
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "registry.invalid/none:0"}],
+            **spec,
+        },
+    }
+    core.create_namespaced_pod(namespace, body)
+
+
+def namespace(api: LocalApi, name: str, labels: dict[str, str] | None = None) -> str:
+    """A namespace with its default service account (no controller-manager makes it here)."""
+    core = admin(api)
+    core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+    account(api, name, "default")
+    return name
+
+
+def identity(api: LocalApi, ns: str, name: str, node: str) -> Path:
+    """A kubeconfig for service account `ns/name` as a pod on `node` holds it: a token bound to
+    a pod there, which carries the node's name (what the agents' admission policies check)."""
+    core = admin(api)
+    pod = unique(f"{name}-on-{node}")
+    make_pod(api, ns, pod, node, service_account=name)
+    uid = core.read_namespaced_pod(pod, ns).metadata.uid
+    request = {
+        "spec": {
+            "audiences": [apiserver.ISSUER],
+            "expirationSeconds": 3600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod, "uid": uid},
+        }
+    }
+    token = core.create_namespaced_service_account_token(name, ns, request).status.token
+    return api.token_kubeconfig(pod, token)

@@ -1,0 +1,386 @@
+"""The agents against the real API server (etcd and kube-apiserver at the pinned versions, on
+loopback), for what only the server can say: how it applies a patch to a node that has no taints,
+that it refuses a second object of the same name, what a refusal looks like next to an outage, and
+what the health agent's breaker finds on real Node objects."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from superkube.agents import gpu_probe, kubeapi, team_taints
+from superkube.agents import node_health as nh
+from superkube.agents.kubeapi import Kube
+from superkube.lab.apiserver import LocalApi
+from superkube.model import teams
+from tests.agents.conftest import account, admin, apply, identity, make_node, make_pod, namespace, unique
+
+READINGS = Path(__file__).parent / "readings"
+
+
+def verdict(reading: str, node: str) -> gpu_probe.Verdict:
+    doc = json.loads((READINGS / f"{reading}.json").read_text())
+    return gpu_probe.verdict(gpu_probe.Reading.model_validate({**doc, "node": node}), gpu_probe.thresholds())
+
+
+def events_about(api: LocalApi, node: str) -> list[Any]:
+    items = admin(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    return list(items)
+
+
+def test_every_event_of_one_round_is_kept(api: LocalApi) -> None:
+    """Several Events about one node at one instant (a cordon and its evictions) all land: the
+    server names each, where one name made from the time made it refuse the second (409)."""
+    kube = Kube(str(api.kubeconfig))
+    node = make_node(api, unique("events"))
+    at = kubeapi.now()
+    for reason in ("GPUHealthCordon", "GPUHealthEvict", "GPUHealthEvict"):
+        kube.create_event(kubeapi.event(node, nh.COMPONENT, "Warning", reason, "why", at))
+    got = events_about(api, node["metadata"]["name"])
+    assert sorted(e.reason for e in got) == ["GPUHealthCordon", "GPUHealthEvict", "GPUHealthEvict"]
+    assert len({e.metadata.name for e in got}) == 3
+
+
+@pytest.fixture
+def teams_file(tmp_path: Path) -> Path:
+    path = tmp_path / "teams.yaml"
+    path.write_text(yaml.safe_dump([{"selector": {"rack": "r7"}, "team": "research", "priority": 0}]))
+    return path
+
+
+def test_the_team_taint_reaches_a_node_that_has_no_taints(api: LocalApi, teams_file: Path) -> None:
+    """A node with no taints has no taints field on the server: the patch must not `test` one."""
+    name = unique("bare")
+    make_node(api, name, {"rack": "r7"})
+    kube = Kube(str(api.kubeconfig))
+    assert "taints" not in kube.node(name)["spec"]
+    changes = team_taints.Reconciler(teams_file, kube).round()
+    assert changes.get("add", 0) >= 1
+    assert kube.node(name)["spec"]["taints"] == [teams.taint("research")]
+    assert team_taints.Reconciler(teams_file, kube).round() == {}  # right now: nothing more to write
+
+
+class StaleReads:
+    """The real client, but the node list is read, then one node changes before the patches go."""
+
+    def __init__(self, kube: Kube, api: LocalApi, changed: str) -> None:
+        self.kube, self.api, self.changed = kube, api, changed
+
+    def all_nodes(self) -> list[dict[str, Any]]:
+        nodes = self.kube.all_nodes()
+        other = {"spec": {"taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}}
+        admin(self.api).patch_node(self.changed, other)
+        return nodes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kube, name)
+
+
+def test_a_node_changed_since_it_was_read_is_refused_and_the_round_goes_on(
+    api: LocalApi, teams_file: Path
+) -> None:
+    changed, tainted, bare = unique("changed"), unique("tainted"), unique("bare")
+    make_node(api, changed, {"rack": "r7"})  # no taints: guarded by its resourceVersion
+    make_node(api, tainted, {"rack": "r7"}, [{"key": "x", "effect": "NoSchedule"}])
+    make_node(api, bare, {"rack": "r7"})
+    kube = Kube(str(api.kubeconfig))
+    reconciler = team_taints.Reconciler(teams_file, StaleReads(kube, api, changed))
+    reconciler.round()
+    # the change made after the read is kept, not overwritten; the nodes after it were still done
+    assert kube.node(changed)["spec"]["taints"] == [
+        {"key": "example.com/maintenance", "effect": "NoSchedule"}
+    ]
+    assert kube.node(tainted)["spec"]["taints"] == [
+        {"key": "x", "effect": "NoSchedule"},
+        teams.taint("research"),
+    ]
+    assert kube.node(bare)["spec"]["taints"] == [teams.taint("research")]
+    refused = {k: v for k, v in _samples(reconciler.metrics.registry, "superkube_team_taint_refused_total")}
+    assert sum(refused.values()) == 1 and set(refused) <= {"409", "422"}, refused
+    team_taints.Reconciler(teams_file, kube).round()  # the next round sets it
+    assert teams.taint("research") in kube.node(changed)["spec"]["taints"]
+
+
+def _samples(registry: Any, name: str) -> list[tuple[str, float]]:
+    return [
+        (s.labels.get("code", ""), s.value) for m in registry.collect() for s in m.samples if s.name == name
+    ]
+
+
+def test_a_refusal_is_said_as_the_servers_answer_not_as_an_outage(
+    api: LocalApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    kube = Kube(str(api.kubeconfig))
+    up = nh.Metrics().api_up
+    log = logging.getLogger("test-refusal")
+    with caplog.at_level(logging.ERROR, logger="test-refusal"):
+        kubeapi.serve(lambda: bool(kube.node("no-such-node")), up, log, 0.01, 1.0, rounds=2)
+    assert up._value.get() == 1  # the server answered
+    assert caplog.messages and all("404 Not Found" in m for m in caplog.messages), caplog.messages
+    assert not any("unreachable" in m for m in caplog.messages)
+
+
+def test_a_local_fault_is_raised_not_retried_as_an_outage() -> None:
+    def round_() -> bool:
+        raise FileNotFoundError(2, "No such file or directory", "/nowhere/vm_sizes.yaml")
+
+    with pytest.raises(FileNotFoundError):
+        kubeapi.serve(round_, nh.Metrics().api_up, logging.getLogger("t"), 0.01, 1.0, rounds=2)
+
+
+def test_an_agent_without_rights_says_forbidden(api: LocalApi, tmp_path: Path) -> None:
+    """The preflight agent as a service account no role binds: the log says what the server said."""
+    ns = namespace(api, unique("norights"))
+    node = unique("gpu")
+    make_node(api, node)
+    kubeconfig = identity(api, ns, "preflight", node)
+    reading = tmp_path / "reading.json"
+    reading.write_text(json.dumps({**json.loads((READINGS / "healthy.json").read_text()), "node": node}))
+    command = [sys.executable, "-m", "superkube.agents.preflight", "--node", node, "--reading", str(reading),
+               "--kubeconfig", str(kubeconfig), "--metrics-port", "0", "--metrics-address", "127.0.0.1",
+               "--interval", "0.1", "--rounds", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("403 Forbidden") == 2 and "unreachable" not in done.stderr, done.stderr
+    assert f'nodes \\"{node}\\" is forbidden' in done.stderr or f'nodes "{node}" is forbidden' in done.stderr
+
+
+def test_a_repaired_node_neither_holds_the_breaker_nor_escapes_a_second_cordon(api: LocalApi) -> None:
+    """Twenty nodes past preflight, a 5 % share: one cordon is allowed. A node the agent cordoned
+    once, then repaired and uncordoned by hand (its annotation left, as the recovery leaves it), is
+    history: the breaker does not count it, and when it fails again it is cordoned again."""
+    pool = unique("pool")
+    names = [f"{pool}-{i}" for i in range(20)]
+    for name in names:
+        make_node(api, name, {"superkube.io/pool": pool})
+    kube = Kube(str(api.kubeconfig))
+    repaired = names[0]
+    old = nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now())
+    kube.patch_node(repaired, old)
+    kube.patch_node(repaired, {"spec": {"unschedulable": False}})  # repaired and uncordoned by hand
+    # a different node fails: one cordon in twenty is within the share
+    failing = names[1]
+    decision = nh.Agent(failing, pool, lambda: verdict("xid-79-off-the-bus", failing), kube, 0.05).round()
+    assert decision.cordon and not decision.breaker_open
+    assert kube.node(failing)["spec"]["unschedulable"] is True
+    kube.patch_node(failing, {"spec": {"unschedulable": False}})  # repaired too
+    # the repaired node fails again: cordoned again
+    decision = nh.Agent(repaired, pool, lambda: verdict("xid-48-dbe", repaired), kube, 0.05).round()
+    assert decision.cordon and kube.node(repaired)["spec"]["unschedulable"] is True
+
+
+def test_the_agent_evicts_through_the_real_eviction_api(api: LocalApi) -> None:
+    pool = unique("pool")
+    node = f"{pool}-0"
+    make_node(api, node, {"superkube.io/pool": pool})
+    for i in range(1, 40):
+        make_node(api, f"{pool}-{i}", {"superkube.io/pool": pool})
+    ns = namespace(api, unique("team"))
+    make_pod(api, ns, "trainer-0", node)
+    kube = Kube(str(api.kubeconfig))
+    decision = nh.Agent(node, pool, lambda: verdict("xid-79-off-the-bus", node), kube, 0.05).round()
+    assert [p.name for p in decision.evict] == ["trainer-0"]
+    pod = admin(api).read_namespaced_pod("trainer-0", ns)
+    assert pod.metadata.deletion_timestamp is not None  # evicted: deleted gracefully, not gone at once
+    reasons = sorted(e.reason for e in events_about(api, node))
+    assert reasons == ["GPUHealthCordon", "GPUHealthEvict"]
+
+
+# --- the health agent fenced in, on the real server --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fenced(api: LocalApi) -> LocalApi:
+    """The health agent's service account, role and admission policies, as the layer renders them."""
+    from modules.platform import node_health as component
+    from modules.platform.foundation import NAMESPACE
+
+    core = admin(api)
+    if NAMESPACE not in {n.metadata.name for n in core.list_namespace().items}:
+        namespace(api, NAMESPACE)
+    apply(api, *component._access("health"), *component.fence("health"))
+    return api
+
+
+def as_health_agent(api: LocalApi, node: str) -> Any:
+    from kubernetes import client, config
+
+    from modules.platform.foundation import NAMESPACE
+
+    kubeconfig = identity(api, NAMESPACE, nh.COMPONENT, node)
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def refusal(call: Any) -> str:
+    """The server's message for a call it refuses with 403 (retried while the new policy loads)."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            call()
+        except ApiException as e:
+            assert e.status == 403, (e.status, e.body)
+            return str(json.loads(e.body)["message"])
+        assert time.monotonic() < deadline, "admitted: the policy never refused it"
+        time.sleep(0.5)
+
+
+def test_the_health_agent_may_change_only_its_own_node_and_only_to_cordon(fenced: LocalApi) -> None:
+    pool = unique("fence")
+    mine, other = f"{pool}-a", f"{pool}-b"
+    for name in (mine, other):
+        make_node(fenced, name, {"superkube.io/pool": pool})
+    agent = as_health_agent(fenced, mine)
+    cordon = nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now())
+    assert "may change only the node its pod runs on" in refusal(lambda: agent.patch_node(other, cordon))
+    agent.patch_node(mine, cordon)  # its own cordon, with its reason: admitted
+    assert admin(fenced).read_node(mine).spec.unschedulable is True
+    uncordon = {"spec": {"unschedulable": False}}
+    assert "may cordon but never uncordon" in refusal(lambda: agent.patch_node(mine, uncordon))
+    relabel = {"metadata": {"labels": {"superkube.io/team": "mine"}}}
+    assert "the health agent may not change labels" in refusal(lambda: agent.patch_node(mine, relabel))
+    taint = {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}
+    assert "the health agent may not change taints" in refusal(lambda: agent.patch_node(mine, taint))
+    note = {"metadata": {"annotations": {"example.com/owner": "me"}}}
+    assert "may only set the superkube.io/health-cordoned" in refusal(lambda: agent.patch_node(mine, note))
+
+
+def test_the_health_agent_may_evict_workloads_but_not_the_system(fenced: LocalApi) -> None:
+    node = unique("evict")
+    make_node(fenced, node)
+    agent = as_health_agent(fenced, node)
+    work = namespace(fenced, unique("team"))
+    make_pod(fenced, work, "trainer", node)
+    system_pod = unique("coredns")
+    make_pod(fenced, "kube-system", system_pod, node, service_account="superkube-test-system")
+
+    def evict(ns: str, name: str, grace: int | None = None) -> Any:
+        body: dict[str, Any] = kubeapi.eviction(kubeapi.PodRef(ns, name))
+        if grace is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace}
+        return agent.create_namespaced_pod_eviction(name, ns, body)
+
+    assert "may not evict pods of kube-system" in refusal(lambda: evict("kube-system", system_pod))
+    assert "grace period to 0" in refusal(lambda: evict(work, "trainer", 0))
+    evict(work, "trainer")
+    assert admin(fenced).read_namespaced_pod("trainer", work).metadata.deletion_timestamp is not None
+
+
+# --- team capacity through the real API server --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def team_webhook_on(api: LocalApi, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApi]:
+    """The webhook as a process, and the layer's webhook configuration pointing the real API server
+    at it (by URL on loopback instead of the Service: no cluster network here)."""
+    import base64
+
+    from modules.platform import team_capacity
+    from tests.agents.test_team_webhook import TEAMS, Server
+
+    server = Server(tmp_path_factory.mktemp("webhook"))
+    args = team_capacity.TeamCapacityArgs(tuples=teams.parse(TEAMS), webhook_tls="")
+    ca = base64.b64encode(server.pki["ca"].read_bytes()).decode()
+    entries = team_capacity.webhook_entries(args, ca)
+    for entry in entries:
+        path = entry["clientConfig"].pop("service")["path"]
+        entry["clientConfig"]["url"] = f"{server.url}{path}"
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": team_capacity.WEBHOOK},
+        "webhooks": entries,
+    }
+    apply(api, config)
+    try:
+        yield api
+    finally:
+        admin_api = admin(api)
+        from kubernetes import client
+
+        client.AdmissionregistrationV1Api(admin_api.api_client).delete_mutating_webhook_configuration(
+            team_capacity.WEBHOOK
+        )
+        server.stop()
+
+
+def create_pod(api: LocalApi, ns: str, labels: dict[str, str] | None = None, **spec: Any) -> Any:
+    """Create a pod as a user would (no node set); the created pod, or the ApiException."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "trainer-", "labels": labels or {}},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/none:0"}], **spec},
+    }
+    account(api, ns, "default")
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            return admin(api).create_namespaced_pod(ns, body)
+        except ApiException as e:
+            if e.status == 403 or time.monotonic() > deadline:
+                return e
+            time.sleep(0.3)  # the webhook configuration still loading
+
+
+def test_a_pods_team_is_its_namespaces(team_webhook_on: LocalApi) -> None:
+    api = team_webhook_on
+    research = namespace(api, unique("research"), {teams.TEAM_KEY: "research"})
+    nobody = namespace(api, unique("nobody"))
+    made = create_pod(api, research)
+    tolerations = [t.to_dict() for t in made.spec.tolerations or []]
+    assert {"key": teams.TEAM_KEY, "operator": "Equal", "value": "research", "effect": "NoSchedule"} in [
+        {k: v for k, v in t.items() if v is not None} for t in tolerations
+    ]
+    assert made.metadata.labels[teams.TEAM_KEY] == "research"
+    plain = create_pod(api, nobody)
+    assert not any((t.key or "") == teams.TEAM_KEY for t in plain.spec.tolerations or [])
+
+
+@pytest.mark.parametrize(
+    ("where", "labels", "tolerations", "words"),
+    [
+        ("nobody", {}, [{"operator": "Exists"}], "reaches nodes its namespace's no team does not own"),
+        ("nobody", {teams.TEAM_KEY: "research"}, [], "its namespace belongs to no team"),
+        ("research", {teams.TEAM_KEY: "pretraining"}, [], "its namespace belongs to team 'research'"),
+        (
+            "research",
+            {},
+            [{"key": teams.TEAM_KEY, "operator": "Equal", "value": "pretraining", "effect": "NoSchedule"}],
+            "reaches nodes its namespace's team 'research' does not own",
+        ),
+    ],
+    ids=[
+        "unlabelled pod tolerating everything",
+        "self-labelled",
+        "another team's label",
+        "another team's toleration",
+    ],
+)
+def test_what_a_pod_is_not_owed_is_refused_by_the_real_server(
+    team_webhook_on: LocalApi, where: str, labels: dict[str, str], tolerations: list[Any], words: str
+) -> None:
+    api = team_webhook_on
+    ns = namespace(api, unique(where), {teams.TEAM_KEY: "research"} if where == "research" else {})
+    refused = create_pod(api, ns, labels, tolerations=tolerations)
+    assert getattr(refused, "status", None) == 403, refused
+    message = json.loads(refused.body)["message"]
+    assert words in message and len(message.splitlines()) == 1, message
+
+
+def test_system_namespaces_never_wait_on_the_webhook(team_webhook_on: LocalApi) -> None:
+    made = create_pod(team_webhook_on, "kube-system", {}, tolerations=[{"operator": "Exists"}])
+    assert made.metadata.name.startswith("trainer-")
+    admin(team_webhook_on).delete_namespaced_pod(made.metadata.name, "kube-system")
