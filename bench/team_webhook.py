@@ -44,9 +44,15 @@ TEAMS = [
 ]
 
 
+def team(i: int) -> str:
+    """The team of review i's namespace (the API server calls /mutate/<team> for it)."""
+    return f"team-{i % 20}"
+
+
 def review(i: int) -> bytes:
-    labels = {teams.TEAM_KEY: f"team-{i % 20}", **({teams.BORROW_LABEL: "true"} if i % 2 else {})}
-    tolerations = [{"operator": "Exists"}] if i % 10 == 0 else []
+    labels = {teams.BORROW_LABEL: "true"} if i % 2 else {}
+    not_ready = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}
+    tolerations = [not_ready] if i % 10 == 0 else []
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -73,7 +79,9 @@ def review(i: int) -> bytes:
     ).encode()
 
 
-async def burst(port: int, ca: Path, bodies: list[bytes], in_flight: int) -> tuple[list[float], float]:
+async def burst(
+    port: int, ca: Path, bodies: list[tuple[str, bytes]], in_flight: int
+) -> tuple[list[float], float]:
     """Latency of each review and the burst's wall time: `in_flight` keep-alive TLS connections, each
     sending its next review when the last answer is in, as the API server's clients do. A lean
     HTTP/1.1 client on asyncio streams: a general-purpose Python client would be the bottleneck
@@ -84,16 +92,16 @@ async def burst(port: int, ca: Path, bodies: list[bytes], in_flight: int) -> tup
         await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1")
         for _ in range(in_flight)
     ]
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
     for body in bodies:
         queue.put_nowait(body)
     latencies: list[float] = []
 
     async def worker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while not queue.empty():
-            body = queue.get_nowait()
+            path, body = queue.get_nowait()
             start = time.perf_counter()
-            head = f"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            head = f"POST {path} HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
             writer.write(head.encode() + body)
             await writer.drain()
             status, *fields = (await reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
@@ -119,7 +127,7 @@ def pct(values: list[float], p: float) -> float:
 
 
 def main() -> None:
-    bodies = [review(i) for i in range(REVIEWS)]
+    bodies = [(f"/mutate/{team(i)}", review(i)) for i in range(REVIEWS)]
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         issue(d, days=1)
@@ -151,8 +159,8 @@ def main() -> None:
             proc.wait(timeout=10)
         in_process_config = team_webhook.Config(config)
         start = time.perf_counter()
-        for body in bodies:
-            team_webhook.review(body, in_process_config)
+        for i, (_, body) in enumerate(bodies):
+            team_webhook.review(body, in_process_config, team(i))
         in_process = (time.perf_counter() - start) / len(bodies)
     figures: dict[str, Any] = {"reviews": REVIEWS, "in_process_review_ms": round(in_process * 1000, 3)}
     for n, (latencies, wall) in runs.items():

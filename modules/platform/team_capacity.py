@@ -5,15 +5,17 @@
 - The reconciler (superkube.agents.team_taints): keeps each node's `superkube.io/team` taint equal to
   the configuration, touching no other taint. One replica (Recreate): a second copy would only race
   the first; its patches `test` the taints they read, so even that race cannot clobber a change.
-- The mutating admission webhook (superkube.agents.team_webhook): gives a pod its team's toleration
-  from its `superkube.io/team` label, and `any`'s when it borrows. Two replicas behind a Service, a
+- The mutating admission webhook (superkube.agents.team_webhook): a pod's team is its namespace's
+  (the namespace label `superkube.io/team`, which only cluster admins can set); it gives the pod its
+  team's toleration, and `any`'s when it borrows, and refuses tolerations of nodes it is not owed. Two replicas behind a Service, a
   PodDisruptionBudget keeping one up through a drain, TLS from the cluster CA (kube_pki issues the
   certificate; the layer gets it as the secret `superkube:team_webhook_tls`).
 
 Why failurePolicy Fail: with Ignore, a team pod created while the webhook is down would be admitted
 without its toleration and wait forever on no node; with Fail its creation is refused with a
-message and its controller (Job, MPI Operator) creates it again once a replica answers. Fail is
-bounded to the pods that need it: the objectSelector sends only pods carrying the team label, and
+message and its controller (Job, MPI Operator) creates it again once a replica answers; and with
+Ignore an outage would let any pod tolerate any team's nodes. Every pod outside the system
+namespaces passes (no objectSelector: an unlabelled pod is no less able to tolerate a team's taint);
 the namespaceSelector leaves kube-system and superkube's own namespace out, so no system pod waits
 on the webhook. reinvocationPolicy IfNeeded: if a later webhook changes a pod's tolerations ours is
 asked again, and gives the same answer (it is idempotent).
@@ -237,45 +239,57 @@ def webhook(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> list[Manife
             "kind": "MutatingWebhookConfiguration",
             "metadata": objects.meta(WEBHOOK, COMPONENT),
             "webhooks": [
-                {
-                    "name": "teams.superkube.io",
-                    "admissionReviewVersions": ["v1"],
-                    "clientConfig": {
-                        "service": {
-                            "namespace": NAMESPACE,
-                            "name": WEBHOOK,
-                            "path": "/mutate",
-                            "port": SERVICE_PORT,
-                        },
-                        "caBundle": ca_bundle,
-                    },
-                    "rules": [
-                        {
-                            "operations": ["CREATE"],
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "resources": ["pods"],
-                            "scope": "Namespaced",
-                        }
-                    ],
-                    "failurePolicy": "Fail",
-                    "matchPolicy": "Equivalent",
-                    "sideEffects": "None",
-                    "timeoutSeconds": args.timeout_seconds,
-                    "reinvocationPolicy": "IfNeeded",
-                    "namespaceSelector": {
-                        "matchExpressions": [
-                            {
-                                "key": NAMESPACE_NAME_LABEL,
-                                "operator": "NotIn",
-                                "values": list(args.excluded_namespaces),
-                            }
-                        ]
-                    },
-                    "objectSelector": {"matchExpressions": [{"key": teams.TEAM_KEY, "operator": "Exists"}]},
-                }
+                *webhook_entries(args, ca_bundle),
             ],
         },
+    ]
+
+
+def webhook_entries(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> list[Manifest]:
+    """One entry per team, calling `/mutate/<team>` for the namespaces labelled with it, and one
+    calling `/mutate` for every other namespace outside the excluded ones (no label, or a team the
+    configuration does not name): the selectors are disjoint, so each pod is asked about once, and
+    together they cover every pod outside the system namespaces."""
+    owners = sorted({t.team for t in args.tuples} - {teams.ANY})
+    outside = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(args.excluded_namespaces)}
+
+    def entry(name: str, path: str, selector: Manifest) -> Manifest:
+        return {
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {
+                "service": {"namespace": NAMESPACE, "name": WEBHOOK, "path": path, "port": SERVICE_PORT},
+                "caBundle": ca_bundle,
+            },
+            "rules": [
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "scope": "Namespaced",
+                }
+            ],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "sideEffects": "None",
+            "timeoutSeconds": args.timeout_seconds,
+            "reinvocationPolicy": "IfNeeded",
+            "namespaceSelector": {"matchExpressions": [outside, selector]},
+        }
+
+    return [
+        *(
+            entry(
+                f"{team}.teams.superkube.io",
+                f"/mutate/{team}",
+                {"key": teams.TEAM_KEY, "operator": "In", "values": [team]},
+            )
+            for team in owners
+        ),
+        entry(
+            "teams.superkube.io", "/mutate", {"key": teams.TEAM_KEY, "operator": "NotIn", "values": owners}
+        ),
     ]
 
 

@@ -79,9 +79,11 @@ class Server:
             assert time.monotonic() < end, "the webhook did not come up"
             time.sleep(0.1)
 
-    def post(self, body: bytes | dict[str, Any]) -> httpx.Response:
+    def post(self, body: bytes | dict[str, Any], team: str | None = None) -> httpx.Response:
+        """As the API server calls it for a namespace of `team` (None: of no team)."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return self.client.post("/mutate", content=data, headers={"Content-Type": "application/json"})
+        path = f"/mutate/{team}" if team else "/mutate"
+        return self.client.post(path, content=data, headers={"Content-Type": "application/json"})
 
     def stop(self) -> None:
         self.client.close()
@@ -122,8 +124,8 @@ def review_of(obj: dict[str, Any], operation: str = "CREATE", kind: str = "Pod")
     }
 
 
-def answer(server: Server, body: bytes | dict[str, Any]) -> dict[str, Any]:
-    resp = server.post(body)
+def answer(server: Server, body: bytes | dict[str, Any], team: str | None = "research") -> dict[str, Any]:
+    resp = server.post(body, team)
     assert resp.status_code == 200, resp.text  # every answer is a review, never a server error
     doc: dict[str, Any] = resp.json()
     assert (doc["apiVersion"], doc["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
@@ -140,47 +142,57 @@ def patched(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def test_a_team_pod_gets_its_teams_toleration_and_nothing_else(server: Server) -> None:
-    obj = pod({teams.TEAM_KEY: "research"})
-    out = patched(obj, answer(server, review_of(obj)))
+def test_a_team_pod_gets_its_teams_toleration_and_label_and_nothing_else(server: Server) -> None:
+    obj = pod()
+    out = patched(obj, answer(server, review_of(obj), team="research"))
     assert out["spec"]["tolerations"] == [teams.toleration("research")]
-    assert {k: v for k, v in out.items() if k != "spec"} == {k: v for k, v in obj.items() if k != "spec"}
+    assert out["metadata"]["labels"] == {teams.TEAM_KEY: "research"}  # its team, said on the pod
+    assert {k: v for k, v in out.items() if k not in ("spec", "metadata")} == {
+        k: v for k, v in obj.items() if k not in ("spec", "metadata")
+    }
     assert {k: v for k, v in out["spec"].items() if k != "tolerations"} == obj["spec"]
 
 
 def test_a_borrowing_pod_also_tolerates_any(server: Server) -> None:
-    obj = pod({teams.TEAM_KEY: "pretraining", teams.BORROW_LABEL: "true"})
-    out = patched(obj, answer(server, review_of(obj)))
+    obj = pod({teams.BORROW_LABEL: "true"})
+    out = patched(obj, answer(server, review_of(obj), team="pretraining"))
     assert out["spec"]["tolerations"] == [teams.toleration("pretraining"), teams.toleration("any")]
     # the same pod without the opt-in does not borrow
-    plain = pod({teams.TEAM_KEY: "pretraining", teams.BORROW_LABEL: "false"})
-    assert patched(plain, answer(server, review_of(plain)))["spec"]["tolerations"] == [
+    plain = pod({teams.BORROW_LABEL: "false"})
+    assert patched(plain, answer(server, review_of(plain), team="pretraining"))["spec"]["tolerations"] == [
         teams.toleration("pretraining")
     ]
 
 
-def test_tolerations_that_reach_other_teams_nodes_are_removed_and_said(server: Server) -> None:
+UNOWED = [
+    {"key": teams.TEAM_KEY, "operator": "Equal", "value": "pretraining", "effect": "NoSchedule"},
+    {"key": teams.TEAM_KEY, "operator": "Exists"},
+    {"operator": "Exists"},
+    teams.toleration("any"),  # borrowing without the opt-in
+]
+
+
+@pytest.mark.parametrize("unowed", UNOWED, ids=["another team", "any team", "every taint", "any, unasked"])
+def test_a_toleration_of_nodes_the_pod_is_not_owed_is_refused_in_one_line(
+    server: Server, unowed: dict[str, Any]
+) -> None:
     own = {
         "key": "node.kubernetes.io/not-ready",
         "operator": "Exists",
         "effect": "NoExecute",
         "tolerationSeconds": 300,
     }
-    stolen = [
-        {"key": teams.TEAM_KEY, "operator": "Equal", "value": "pretraining", "effect": "NoSchedule"},
-        {"key": teams.TEAM_KEY, "operator": "Exists"},
-        {"operator": "Exists"},
-    ]
-    obj = pod({teams.TEAM_KEY: "research"}, tolerations=[own, *stolen])
-    response = answer(server, review_of(obj))
-    out = patched(obj, response)
-    assert out["spec"]["tolerations"] == [own, teams.toleration("research")]
-    assert len(response["warnings"]) == 3 and all("other teams' nodes" in w for w in response["warnings"])
+    for team in ("research", None):
+        response = answer(server, review_of(pod(tolerations=[own, unowed])), team=team)
+        assert response["allowed"] is False and response["status"]["code"] == 403
+        message = response["status"]["message"]
+        assert "reaches nodes" in message and len(message.splitlines()) == 1 and "remove it" in message
+    assert answer(server, review_of(pod(tolerations=[own])))["allowed"] is True
 
 
 def test_kueue_fields_are_left_alone(server: Server) -> None:
     obj = pod(
-        {teams.TEAM_KEY: "research", "kueue.x-k8s.io/queue-name": "research-queue"},
+        {"kueue.x-k8s.io/queue-name": "research-queue"},
         schedulingGates=[{"name": "kueue.x-k8s.io/admission"}],
         nodeSelector={"superkube.io/pool": "gpu", "cloud.provider.com/flavor": "h100"},
         tolerations=[{"key": "flavor.kueue.example/h100", "operator": "Exists", "effect": "NoSchedule"}],
@@ -189,7 +201,8 @@ def test_kueue_fields_are_left_alone(server: Server) -> None:
     out = patched(obj, answer(server, review_of(obj)))
     for key in ("schedulingGates", "nodeSelector"):
         assert out["spec"][key] == obj["spec"][key]
-    assert out["metadata"] == obj["metadata"]
+    assert out["metadata"]["annotations"] == obj["metadata"]["annotations"]
+    assert out["metadata"]["labels"] == {**obj["metadata"]["labels"], teams.TEAM_KEY: "research"}
     assert out["spec"]["tolerations"] == [*obj["spec"]["tolerations"], teams.toleration("research")]
 
 
@@ -197,6 +210,27 @@ def test_a_pod_that_already_has_the_right_tolerations_gets_no_patch(server: Serv
     obj = pod({teams.TEAM_KEY: "research"}, tolerations=[teams.toleration("research")])
     response = answer(server, review_of(obj))
     assert response["allowed"] is True and "patch" not in response
+
+
+def test_a_pod_cannot_claim_a_team_its_namespace_is_not(server: Server) -> None:
+    for team, claimed, owner in (
+        ("research", "pretraining", "team 'research'"),
+        (None, "research", "no team"),
+    ):
+        response = answer(server, review_of(pod({teams.TEAM_KEY: claimed})), team=team)
+        assert response["allowed"] is False and response["status"]["code"] == 403
+        assert (
+            f"labelled {teams.TEAM_KEY}={claimed} but its namespace belongs to {owner}"
+            in response["status"]["message"]
+        )
+
+
+def test_a_pod_of_no_team_runs_only_on_nodes_no_team_owns(server: Server) -> None:
+    response = answer(server, review_of(pod()), team=None)
+    assert response["allowed"] is True and "patch" not in response
+    assert "runs only on nodes no team owns" in response["warnings"][0]
+    borrowing = answer(server, review_of(pod({teams.BORROW_LABEL: "true"})), team=None)
+    assert borrowing["allowed"] is False and "only a team's pods may borrow" in borrowing["status"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -218,23 +252,17 @@ def test_a_malformed_review_is_denied_with_the_reason(
 
 
 def test_an_unknown_team_or_borrow_value_is_denied_saying_how_to_fix_it(server: Server) -> None:
-    response = answer(server, review_of(pod({teams.TEAM_KEY: "reserch"})))
+    response = answer(server, review_of(pod()), team="reserch")
     assert response["allowed"] is False and response["status"]["code"] == 403
     assert (
         "'reserch'" in response["status"]["message"]
         and "pretraining, research" in response["status"]["message"]
     )
-    response = answer(server, review_of(pod({teams.TEAM_KEY: "research", teams.BORROW_LABEL: "yes"})))
+    response = answer(server, review_of(pod({teams.BORROW_LABEL: "yes"})))
     assert response["allowed"] is False and 'write "true" or "false"' in response["status"]["message"]
 
 
-def test_what_it_does_not_mutate_is_allowed_unchanged_with_a_warning(server: Server) -> None:
-    no_team = answer(server, review_of(pod()))
-    assert (
-        no_team["allowed"] is True
-        and "patch" not in no_team
-        and "no superkube.io/team label" in no_team["warnings"][0]
-    )
+def test_what_it_does_not_mutate_is_allowed_unchanged(server: Server) -> None:
     other = answer(
         server,
         review_of({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}, kind="ConfigMap"),
@@ -245,14 +273,14 @@ def test_what_it_does_not_mutate_is_allowed_unchanged_with_a_warning(server: Ser
 
 
 def test_a_configuration_change_is_read_without_a_restart(server: Server) -> None:
-    obj = pod({teams.TEAM_KEY: "inference"})
-    assert answer(server, review_of(obj))["allowed"] is False
+    obj = pod()
+    assert answer(server, review_of(obj), team="inference")["allowed"] is False
     original = server.config.read_text()
     try:
         server.config.write_text(
             yaml.safe_dump([*TEAMS, {"selector": {"rack": "c"}, "team": "inference", "priority": 5}])
         )
-        assert patched(obj, answer(server, review_of(obj)))["spec"]["tolerations"] == [
+        assert patched(obj, answer(server, review_of(obj), team="inference"))["spec"]["tolerations"] == [
             teams.toleration("inference")
         ]
         server.config.write_text("- {selector: {}, team: broken}\n")
@@ -297,5 +325,6 @@ def test_a_configuration_file_that_is_not_there_is_a_503_answer() -> None:
     """Before the ConfigMap is mounted (or with a wrong --config), reviews are refused, saying why."""
     config = team_webhook.Config(Path("/nonexistent/teams.yaml"))
     obj = pod({teams.TEAM_KEY: "research"})
-    response = team_webhook.review(json.dumps(review_of(copy.deepcopy(obj))).encode(), config)["response"]
+    body = json.dumps(review_of(copy.deepcopy(obj))).encode()
+    response = team_webhook.review(body, config, "research")["response"]
     assert response["allowed"] is False and response["status"]["code"] == 503

@@ -1,18 +1,26 @@
-"""Team webhook: a mutating admission webhook that gives each pod exactly the team tolerations it is
-owed, from its `superkube.io/team` label.
+"""Team webhook: a mutating admission webhook that holds every pod to its namespace's team.
 
-For a Pod CREATE it answers an `admission.k8s.io/v1` AdmissionReview with a JSONPatch that sets the
-pod's tolerations to: the ones it had, less any that would reach team nodes it is not owed (the team
-key with another value or `Exists`, or a key-less `Exists`), plus `superkube.io/team=<its team>`, plus
-`superkube.io/team=any` when it opts into borrowing with `superkube.io/borrow: "true"`. Nothing else
-in the pod is touched: Kueue's labels, annotations, scheduling gates and node selectors stay as they
-are, so the two can run side by side.
+A pod's team is its namespace's: the namespace label `superkube.io/team`, which only cluster admins
+can set (namespaces are cluster-scoped; a team's own roles cannot relabel one). The API server tells
+the webhook which team that is by the path it calls: the webhook configuration has one entry per
+team, `/mutate/<team>`, selecting that team's namespaces, and one, `/mutate`, for every other
+namespace outside the system ones. So every pod outside kube-system and superkube's namespace
+passes here, and the webhook reads no namespace itself.
+
+For a Pod CREATE:
+- a pod of team T gets the toleration `superkube.io/team=T`, and `superkube.io/team=any` when it
+  opts into borrowing with `superkube.io/borrow: "true"`, and the label `superkube.io/team=T`;
+- a pod of no team gets no team toleration: it runs only on nodes no team owns (said as a warning);
+- refused (403, one line saying what to change): a toleration that reaches team nodes the pod is
+  not owed (another team's, or a key-less `Exists`), a `superkube.io/team` label other than its
+  namespace's team, a borrow label other than "true"/"false", borrowing by a pod of no team, a
+  namespace team the configuration does not name.
+Nothing else in the pod is touched: Kueue's labels, annotations, scheduling gates and node
+selectors stay as they are, so the two can run side by side.
 
 Every answer is an AdmissionReview, never a server error:
 - not JSON, or not an AdmissionReview: denied, code 400, saying which;
-- not a Pod, or not a CREATE: allowed, unchanged, with a warning;
-- no team label: allowed, unchanged, with a warning (it then runs only on nodes no team owns);
-- a team the configuration does not name, or a borrow label other than "true"/"false": denied, 403;
+- not a Pod, or not a CREATE: allowed, unchanged (with a warning when not a Pod);
 - the configuration unreadable: denied, 503, naming the file (the pod's controller retries).
 
 The configuration is the mounted teams ConfigMap, reread when its file changes.
@@ -86,8 +94,11 @@ def _answer(
     return {"apiVersion": REVIEW_API, "kind": "AdmissionReview", "response": response}
 
 
-def review(body: bytes, config: Config) -> dict[str, Any]:
-    """The AdmissionReview answering one request body."""
+def review(body: bytes, config: Config, namespace_team: str | None = None) -> dict[str, Any]:
+    """The AdmissionReview answering one request body, for a pod whose namespace belongs to
+    `namespace_team` (None: to no team). The API server says which: it calls `/mutate/<team>` for
+    the namespaces labelled with that team and `/mutate` for the others (the webhook
+    configuration's namespace selectors), so the webhook reads no namespace itself."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -116,18 +127,22 @@ def review(body: bytes, config: Config) -> dict[str, Any]:
     pod = request.get("object")
     if not isinstance(pod, dict):
         return _answer(uid, False, code=400, message=f"{COMPONENT}: the review's request has no Pod object")
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName") or "pod"
-    team = labels.get(teams.TEAM_KEY)
-    if not team:
-        return _answer(
-            uid,
-            True,
-            warnings=[
-                f"{name} has no {teams.TEAM_KEY} label: no team tolerations added, so it runs only on nodes "
-                "no team owns; label it with its team to use the team's nodes"
-            ],
-        )
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = meta.get("name") or meta.get("generateName") or "pod"
+    where = f"{request.get('namespace') or meta.get('namespace') or '?'}/{name}"
+    return _decide(uid, where, labels, pod.get("spec") or {}, namespace_team, config)
+
+
+def _decide(
+    uid: str,
+    where: str,
+    labels: dict[str, Any],
+    spec: dict[str, Any],
+    team: str | None,
+    config: Config,
+) -> dict[str, Any]:
+    """The answer for one pod of namespace team `team` (None: a namespace of no team)."""
     known = config.teams()
     if config.error:
         return _answer(
@@ -136,13 +151,24 @@ def review(body: bytes, config: Config) -> dict[str, Any]:
             code=503,
             message=f"{COMPONENT}: the team configuration cannot be used: {config.error}",
         )
-    if team != teams.ANY and team not in known:
+    if team is not None and team not in known:
         return _answer(
             uid,
             False,
             code=403,
-            message=f"{name}: team {team!r} ({teams.TEAM_KEY}) is not in the team capacity configuration "
-            f"(teams: {', '.join(sorted(known)) or 'none'}); fix the label or add the team's tuples",
+            message=f"{where}: its namespace's team {team!r} ({teams.TEAM_KEY}) is not in the team capacity "
+            f"configuration (teams: {', '.join(sorted(known)) or 'none'}); fix the namespace's label or add "
+            "the team's tuples",
+        )
+    claimed = labels.get(teams.TEAM_KEY)
+    if claimed is not None and claimed != team:
+        owner = f"team {team!r}" if team else "no team"
+        return _answer(
+            uid,
+            False,
+            code=403,
+            message=f"{where}: labelled {teams.TEAM_KEY}={claimed} but its namespace belongs to {owner}; a pod's "
+            f"team is its namespace's (the namespace label {teams.TEAM_KEY}, set by cluster admins): drop the label",
         )
     borrow = labels.get(teams.BORROW_LABEL, "false")
     if borrow not in ("true", "false"):
@@ -150,22 +176,51 @@ def review(body: bytes, config: Config) -> dict[str, Any]:
             uid,
             False,
             code=403,
-            message=f'{name}: {teams.BORROW_LABEL} is {borrow!r}; write "true" or "false"',
+            message=f'{where}: {teams.BORROW_LABEL} is {borrow!r}; write "true" or "false"',
         )
-    spec = pod.get("spec") or {}
+    if team is None and borrow == "true":
+        return _answer(
+            uid,
+            False,
+            code=403,
+            message=f"{where}: {teams.BORROW_LABEL}=true, but its namespace belongs to no team and only a team's "
+            "pods may borrow; run it in a team's namespace or drop the label",
+        )
     had = list(spec.get("tolerations") or [])
-    dropped = [t for t in had if teams.reaches_team_nodes(t)]
-    want = [t for t in had if not teams.reaches_team_nodes(t)] + teams.tolerations_for(team, borrow == "true")
-    if want == had:
-        return _answer(uid, True)
-    op = "replace" if "tolerations" in spec else "add"
-    warnings = [
-        f"{name}: removed toleration {json.dumps(t, sort_keys=True)}: it would reach other teams' nodes"
-        for t in dropped
-    ]
-    return _answer(
-        uid, True, patch=[{"op": op, "path": "/spec/tolerations", "value": want}], warnings=warnings
-    )
+    owed = teams.tolerations_for(team, borrow == "true") if team else []
+    unowed = [t for t in had if teams.reaches_team_nodes(t) and not _is_one_of(t, owed)]
+    if unowed:
+        whose = f"team {team!r}" if team else "no team"
+        return _answer(
+            uid,
+            False,
+            code=403,
+            message=f"{where}: toleration {json.dumps(unowed[0], sort_keys=True)} reaches nodes its namespace's "
+            f"{whose} does not own; remove it (the webhook adds the team tolerations a pod is owed)",
+        )
+    want = had + [t for t in owed if not _is_one_of(t, had)]
+    patch: list[dict[str, Any]] = []
+    if want != had:
+        patch.append(
+            {"op": "replace" if "tolerations" in spec else "add", "path": "/spec/tolerations", "value": want}
+        )
+    if team and claimed is None:  # the pod says its team, for those who read pods (jobs, quotas, metrics)
+        if labels:
+            patch.append(
+                {"op": "add", "path": f"/metadata/labels/{teams.TEAM_KEY.replace('/', '~1')}", "value": team}
+            )
+        else:
+            patch.append({"op": "add", "path": "/metadata/labels", "value": {teams.TEAM_KEY: team}})
+    if team is None:
+        return _answer(uid, True, patch=patch, warnings=[f"{where}: its namespace belongs to no team, so it "
+                                                          "runs only on nodes no team owns"])  # fmt: skip
+    return _answer(uid, True, patch=patch)
+
+
+def _is_one_of(tol: dict[str, Any], tols: list[dict[str, Any]]) -> bool:
+    """The same toleration (an omitted operator is Equal)."""
+    norm = {**tol, "operator": tol.get("operator") or "Equal"}
+    return any(norm == {**t, "operator": t.get("operator") or "Equal"} for t in tols)
 
 
 def app(config_path: Path) -> Any:
@@ -180,8 +235,9 @@ def app(config_path: Path) -> Any:
 
     async def mutate(request: Request) -> JSONResponse:
         body = await request.body()
+        team = request.path_params.get("team")
         try:
-            answer = review(body, config)
+            answer = review(body, config, team)
         except Exception:  # a bug: still an answer the API server can act on, and a log line
             log.exception("review failed")
             answer = _answer("", False, code=400, message=f"{COMPONENT}: could not review this request")
@@ -196,7 +252,13 @@ def app(config_path: Path) -> Any:
             "ok" if config.error is None else config.error, status_code=200 if config.error is None else 503
         )
 
-    return Starlette(routes=[Route("/mutate", mutate, methods=["POST"]), Route("/healthz", healthz)])
+    return Starlette(
+        routes=[
+            Route("/mutate", mutate, methods=["POST"]),
+            Route("/mutate/{team}", mutate, methods=["POST"]),
+            Route("/healthz", healthz),
+        ]
+    )
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
