@@ -11,8 +11,15 @@ thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a th
 - preflight (superkube.agents.preflight): only on nodes labelled superkube.io/preflight=pending;
   removes that taint and label from its own node once the GPUs pass. The ValidatingAdmissionPolicy
   `superkube-preflight-own-node` rejects anything else its service account tries on a node.
-- health (superkube.agents.node_health): cordons and evicts through the Eviction API on a fatal
-  verdict, behind its breaker.
+- health (superkube.agents.node_health): writes its node's verdict on its own Node (a watch on that
+  one object; `superkube-node-health-own-node` lets it set its two annotations there and nothing
+  else).
+- the health controller (superkube.agents.health_controller, a Deployment of two, one leading by a
+  Lease): follows the GPU nodes with one watch, cordons the nodes reported fatal and evicts their
+  pods through the Eviction API, behind the breaker per pool; fenced by
+  `superkube-node-health-controller-nodes` (only nodes reported fatal; cordon, never uncordon) and
+  `superkube-node-health-evictions` (workload namespaces only). Fleet-wide facts live there, not in
+  a DaemonSet: no node agent reads the fleet.
 """
 
 from __future__ import annotations
@@ -48,11 +55,13 @@ GPU_TEST = "superkube-gpu-test"
 FENCE = "superkube-preflight-own-node"
 GPU_TEST_FENCE = "superkube-gpu-test-own-node"
 HEALTH_FENCE = "superkube-node-health-own-node"
+HEALTH_CONTROLLER = "superkube-node-health-controller"
+CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
 # where the health agent may never evict: the control plane's add-ons and the agents themselves
 PROTECTED_NAMESPACES = ("kube-system", NAMESPACE)
 Agent = Literal["health", "preflight"]
-Fenced = Literal["preflight", "gpu-test", "health"]
+Fenced = Literal["preflight", "gpu-test", "health", "health-controller"]
 SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
 # a writable /tmp for the GPU tests under a read-only root (CUDA and PyTorch keep caches there)
 SCRATCH = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
@@ -70,9 +79,9 @@ class NodeHealthArgs:
     pools: Sequence[tuple[PoolSpec, VmSize]]
     """The GPU pools with the facts of their VM size (the GPU count the probe expects)."""
     max_cordoned_share: float = 0.05
-    """Share of a pool's nodes past preflight the health agent may cordon before its breaker opens."""
+    """Share of a pool's nodes past preflight health may cordon before the breaker opens."""
     dry_run: bool = False
-    """The health agent logs actions instead of taking them (for a first rollout)."""
+    """The health controller logs actions instead of taking them (for a first rollout)."""
     interval_seconds: int = 60
     """Seconds between probe rounds (both agents)."""
     image: str = AGENTS_IMAGE
@@ -107,10 +116,9 @@ class NodeHealthArgs:
 
 
 RULES: dict[Agent, list[dict[str, object]]] = {
+    # its own node only (a watch by name; the patch fenced in by the admission policy below)
     "health": [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ],
     # patch, fenced in by the admission policy below: its own node, the preflight taint and label only
@@ -119,6 +127,17 @@ RULES: dict[Agent, list[dict[str, object]]] = {
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ],
 }
+# the controller: follows the GPU nodes, cordons (fenced: only nodes reported fatal) and evicts
+CONTROLLER_RULES: list[dict[str, object]] = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+# its Lease, in its own namespace
+CONTROLLER_LEASE_RULES: list[dict[str, object]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+]
 # the periodic test records its result on its own node, fenced in like preflight
 GPU_TEST_RULES: list[dict[str, object]] = RULES["preflight"]
 
@@ -138,6 +157,10 @@ class Fence:
     """the annotations it may set"""
     may_cordon: bool = False
     """it may cordon (never uncordon) its node"""
+    own_node: bool = True
+    """only the node its pod runs on (by its token's node name)"""
+    only_if: tuple[str, str] = ("", "")
+    """a further condition on the node before the change (CEL over oldObject), and its message"""
 
 
 FENCES: dict[Fenced, Fence] = {
@@ -148,8 +171,22 @@ FENCES: dict[Fenced, Fence] = {
         HEALTH,
         "the health agent",
         None,
+        (node_health_agent.VERDICT_ANNOTATION, node_health_agent.VERDICT_AT),
+    ),
+    "health-controller": Fence(
+        CONTROLLER_FENCE,
+        HEALTH_CONTROLLER,
+        "the health controller",
+        None,
         (node_health_agent.ANNOTATION, node_health_agent.ANNOTATION_AT),
         may_cordon=True,
+        own_node=False,
+        only_if=(
+            f"has(oldObject.metadata.annotations) && "
+            f"'{node_health_agent.VERDICT_ANNOTATION}' in oldObject.metadata.annotations && "
+            f"oldObject.metadata.annotations['{node_health_agent.VERDICT_ANNOTATION}'].startsWith('fatal')",
+            "may change only a node its health agent reported fatal",
+        ),
     ),
 }
 
@@ -178,12 +215,15 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
         "(has(object.spec.unschedulable) && object.spec.unschedulable)",
         "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)",
     )
+    own_node = {
+        "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
+        "request.userInfo.extra['authentication.kubernetes.io/node-name'] == [object.metadata.name]",
+        "message": f"{who} may change only the node its pod runs on",
+    }
+    condition, why = f.only_if
     rules = [
-        {
-            "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
-            "request.userInfo.extra['authentication.kubernetes.io/node-name'] == [object.metadata.name]",
-            "message": f"{who} may change only the node its pod runs on",
-        },
+        *([own_node] if f.own_node else []),
+        *([{"expression": condition, "message": f"{who} {why}"}] if condition else []),
         {
             "expression": f"{taints}.all(t, t in {old_taints}) && "
             f"{old_taints}.all(t, {may_drop_taint}t in {taints})",
@@ -242,19 +282,19 @@ def _policy(name: str, account: str, rule: Manifest, validations: list[dict[str,
 
 
 def eviction_validations() -> list[dict[str, str]]:
-    """What an Eviction the health agent creates may be. An Eviction names a pod, not its node, so
-    admission cannot hold the agent to its own node's pods (the agent lists only those, by field
+    """What an Eviction the health controller creates may be. An Eviction names a pod, not its node,
+    so admission cannot hold it to the pods of nodes it cordoned (it lists only those, by field
     selector); it holds it to workload namespaces and to the pod's own grace period."""
     protected = ", ".join(f"'{n}'" for n in PROTECTED_NAMESPACES)
     rules = [
         {
             "expression": f"!(request.namespace in [{protected}])",
-            "message": f"the health agent may not evict pods of {' or '.join(PROTECTED_NAMESPACES)}",
+            "message": f"the health controller may not evict pods of {' or '.join(PROTECTED_NAMESPACES)}",
         },
         {
             "expression": "!has(object.deleteOptions) || !has(object.deleteOptions.gracePeriodSeconds) || "
             "object.deleteOptions.gracePeriodSeconds > 0",
-            "message": "the health agent may not shorten a pod's grace period to 0",
+            "message": "the health controller may not shorten a pod's grace period to 0",
         },
     ]
     return [{**rule, "reason": "Forbidden"} for rule in rules]
@@ -262,11 +302,11 @@ def eviction_validations() -> list[dict[str, str]]:
 
 def fence(agent: Fenced = "preflight") -> list[Manifest]:
     """The admission policies and bindings that hold `agent` to fence_validations (its node updates),
-    and the health agent also to eviction_validations."""
+    and the health controller also to eviction_validations."""
     f = FENCES[agent]
     nodes = {"operations": ["UPDATE"], "resources": ["nodes"]}
     out = _policy(f.policy, f.account, nodes, fence_validations(agent))
-    if agent == "health":
+    if agent == "health-controller":
         evictions = {"operations": ["CREATE"], "resources": ["pods/eviction"]}
         out += _policy(HEALTH_EVICTION_FENCE, f.account, evictions, eviction_validations())
     return out
@@ -281,8 +321,6 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         f"--metrics-port={port}",
         f"--thresholds={THRESHOLDS_DIR}/{args.thresholds.name}",
     ]
-    if agent == "health":
-        flags += [f"--max-cordoned-share={args.max_cordoned_share}", *(["--dry-run"] if args.dry_run else [])]
     if args.dcgm_url:
         flags.append(f"--dcgm-url={args.dcgm_url}")
     selector = {POOL_LABEL: pool.name}
@@ -454,6 +492,81 @@ def periodic_test(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs) -> Manifest:
     }
 
 
+def controller(args: NodeHealthArgs) -> list[Manifest]:
+    """The health controller: two replicas, one leading (its Lease), the breaker's figures on the
+    node agents' metrics port so the same scrape job finds them."""
+    name = HEALTH_CONTROLLER
+    pools = ",".join(pool.name for pool, _ in args.pools)
+    flags = [f"--pools={pools}", f"--max-cordoned-share={args.max_cordoned_share}",
+             f"--metrics-port={NODE_AGENTS_METRICS_PORT}", *(["--dry-run"] if args.dry_run else [])]  # fmt: skip
+    env = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    container = {
+        "name": "controller",
+        "image": args.image,
+        "command": ["python", "-m", "superkube.agents.health_controller", *flags],
+        "env": env,
+        "ports": [{"name": "metrics", "containerPort": NODE_AGENTS_METRICS_PORT}],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": NODE_AGENTS_METRICS_PORT},
+            "periodSeconds": 30,
+        },
+        "securityContext": objects.restricted(),
+    }
+    labels = objects.labels(COMPONENT, name)
+    return [
+        *objects.service_account_access(name, COMPONENT, NAMESPACE, CONTROLLER_RULES),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": objects.meta(f"{name}-lease", COMPONENT, NAMESPACE),
+            "rules": CONTROLLER_LEASE_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": objects.meta(f"{name}-lease", COMPONENT, NAMESPACE),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-lease"},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": objects.meta(name, COMPONENT, NAMESPACE),
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "priorityClassName": NODE_AGENT_PRIORITY,
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "preferredDuringSchedulingIgnoredDuringExecution": [
+                                    {
+                                        "weight": 100,
+                                        "podAffinityTerm": {
+                                            "topologyKey": "kubernetes.io/hostname",
+                                            "labelSelector": {
+                                                "matchLabels": {"app.kubernetes.io/name": name}
+                                            },
+                                        },
+                                    }
+                                ]
+                            }
+                        },
+                        "containers": [container],
+                    },
+                },
+            },
+        },
+    ]
+
+
 def _access(agent: Agent) -> list[Manifest]:
     return objects.service_account_access(
         HEALTH if agent == "health" else PREFLIGHT, COMPONENT, NAMESPACE, RULES[agent]
@@ -471,7 +584,9 @@ def manifests(args: NodeHealthArgs) -> list[Manifest]:
         },
         *fence(),
         *fence("health"),
+        *fence("health-controller"),
         *(m for agent in agents for m in _access(agent)),
+        *controller(args),
         *(daemonset(pool, vm, args, agent) for agent in agents for pool, vm in args.pools),
         *(
             [

@@ -7,8 +7,8 @@
   the first; its patches `test` the taints they read, so even that race cannot clobber a change.
 - The mutating admission webhook (superkube.agents.team_webhook): a pod's team is its namespace's
   (the namespace label `superkube.io/team`, which only cluster admins can set); it gives the pod its
-  team's toleration, and `any`'s when it borrows, and refuses tolerations of nodes it is not owed. Two replicas behind a Service, a
-  PodDisruptionBudget keeping one up through a drain, TLS from the cluster CA (kube_pki issues the
+  team's toleration, and `any`'s when it borrows, and refuses tolerations of nodes it is not owed.
+  Two replicas behind a Service, a PodDisruptionBudget keeping one up through a drain, TLS from the cluster CA (kube_pki issues the
   certificate; the layer gets it as the secret `superkube:team_webhook_tls`).
 
 Why failurePolicy Fail: with Ignore, a team pod created while the webhook is down would be admitted

@@ -15,8 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from superkube.agents import gpu_probe
+from superkube.agents import node_health as nh
 from superkube.cli import app
-from tests.agents.test_node_health import PODS, POOL, Api, free_port, run_agent
+from tests.agents.loopback import Api
+from tests.agents.test_node_health import PODS, POOL, free_port, run_agent
 
 READINGS = Path(__file__).parent / "readings"
 HEALTHY = READINGS / "healthy.json"
@@ -124,8 +126,9 @@ def exporter() -> Iterator[tuple[str, list[str]]]:
 
 @pytest.fixture
 def api() -> Iterator[Api]:
-    a = Api(POOL, PODS, refuse=set())  # the health agent's tests' pool: a cordon stays under the breaker
+    a = Api(POOL, PODS, refuse=set())
     yield a
+    a.closed.set()
     a.server.shutdown()
     a.server.server_close()
 
@@ -136,15 +139,15 @@ def finish(proc: subprocess.Popen[str]) -> str:
     return err
 
 
-def test_the_agent_cordons_on_an_xid_only_the_exporter_saw(
+def test_the_agent_reports_an_xid_only_the_exporter_saw(
     api: Api, exporter: tuple[str, list[str]], tmp_path: Path
 ) -> None:
     url, served = exporter
     served[0] = (READINGS / "dcgm-xid-79-gpu3.prom").read_text()
     proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), HEALTHY, "--dcgm-url", url)
     finish(proc)
-    cordons = [w for w in api.writes if w[0] == "PATCH" and w[1].endswith("/nodes/gpu-1")]
-    assert cordons, api.writes
+    (report,) = [w for w in api.writes if w[0] == "PATCH" and w[1].endswith("/nodes/gpu-1")]
+    assert report[3]["metadata"]["annotations"][nh.VERDICT_ANNOTATION].startswith("fatal: GPU 3: Xid 79")
 
 
 def test_an_exporter_that_cannot_be_read_costs_a_log_line_not_the_check(api: Api, tmp_path: Path) -> None:
@@ -152,4 +155,4 @@ def test_an_exporter_that_cannot_be_read_costs_a_log_line_not_the_check(api: Api
     proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "xid-79-off-the-bus", "--dcgm-url", dead)
     err = finish(proc)
     assert "dcgm-exporter not read" in err
-    assert any(w[0] == "PATCH" for w in api.writes)  # NVML's own finding still acts
+    assert any(w[0] == "PATCH" for w in api.writes)  # NVML's own finding is still reported

@@ -25,7 +25,8 @@ from superkube.agents import preflight as pf
 from superkube.cli import app
 from superkube.cluster import render
 from superkube.model import vmsizes
-from tests.agents.test_node_health import PODS, READINGS, Api, node, run_agent
+from tests.agents.loopback import Api
+from tests.agents.test_node_health import PODS, READINGS, node, run_agent
 from tests.agents.test_preflight import admits as preflight_admits
 from tests.agents.test_preflight import apply
 
@@ -257,44 +258,42 @@ def test_without_an_api_server_the_result_is_said_and_the_exit_is_3(tmp_path: Pa
 class OneNode:
     """The health agent's calls for one healthy-probing node whose periodic test failed."""
 
-    def __init__(self, n: dict[str, Any], pool: int = 40) -> None:
-        self.n, self.pool, self.patches = n, [node(f"gpu-{i}") for i in range(2, pool + 1)], []
-
-    def node(self, name: str) -> dict[str, Any]:
-        return self.n
-
-    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
-        return [self.n, *self.pool]
-
-    def pods_on(self, name: str) -> list[dict[str, Any]]:
-        return []
+    def __init__(self, n: dict[str, Any]) -> None:
+        self.n, self.patches = n, []
 
     def patch_node(self, name: str, body: Any) -> None:
         self.patches.append(body)
 
-    def evict(self, pod: Any) -> bool:
-        return True
+    def pods_on(self, name: str) -> list[dict[str, Any]]:
+        return []
 
     def create_event(self, body: Any) -> None:
         pass
 
 
-def test_the_health_agent_takes_a_node_that_failed_its_test_out() -> None:
+def test_a_node_that_failed_its_test_is_reported_fatal_and_the_controller_takes_it_out() -> None:
+    from superkube.agents import health_controller as hc
+
     n = node("gpu-1")
     n["metadata"]["annotations"][gpu_test.RESULT_ANNOTATION] = (
         "failed 2026-11-23T08:00:00Z: fatal: GPU 5: slow"
     )
     kube = OneNode(n)
     healthy = gpu_probe.load_reading(READINGS / "healthy.json")
-    agent = nh.Agent("gpu-1", "gpu", lambda: gpu_probe.verdict(healthy), kube, 0.05)
-    decision = agent.round()
-    assert decision.cordon and "periodic GPU test failed 2026-11-23T08:00:00Z" in decision.cordon
-    assert kube.patches and kube.patches[0]["spec"] == {"unschedulable": True}
+    agent = nh.Agent("gpu-1", "gpu", lambda: gpu_probe.verdict(healthy), kube, lambda: n)
+    reported = agent.round()
+    assert reported.startswith("fatal:") and "periodic GPU test failed 2026-11-23T08:00:00Z" in reported
     assert agent.metrics.gpu_test_failed.labels("gpu")._value.get() == 1
+    # the controller acts on the report
+    n["metadata"]["annotations"].update(kube.patches[0]["metadata"]["annotations"])
+    pool = {f"gpu-{i}": hc.slim(node(f"gpu-{i}")) for i in range(2, 41)} | {"gpu-1": hc.slim(n)}
+    decisions = hc.Controller(kube, lambda: pool, frozenset({"gpu"}), 0.05).round()
+    assert "periodic GPU test failed" in decisions["gpu-1"].cordon
+    assert kube.patches[-1]["spec"] == {"unschedulable": True}
     # a passed test is no finding
     n["metadata"]["annotations"][gpu_test.RESULT_ANNOTATION] = "passed 2026-11-23T14:00:00Z"
-    again = nh.Agent("gpu-1", "gpu", lambda: gpu_probe.verdict(healthy), OneNode(n), 0.05)
-    assert again.round().cordon == ""
+    again = nh.Agent("gpu-1", "gpu", lambda: gpu_probe.verdict(healthy), OneNode(n), lambda: n)
+    assert again.round() == "healthy"
     assert again.metrics.gpu_test_failed.labels("gpu")._value.get() == 0
 
 

@@ -1,7 +1,6 @@
-"""The health agent: recorded GPU readings -> verdict -> actions, the breaker, every request body
-against the official schema, and the agent as a process against the Kubernetes client's real HTTP
-path (a loopback server that records each request and answers as the API documents: the objects it
-was given, 201 for creations, 429 for an eviction a PodDisruptionBudget refuses)."""
+"""The health decisions: recorded GPU readings -> verdict -> actions, the breaker, every request body
+against the official schema; and the per-node agent as a process against the real API server, as
+its service account on its node, counting what it asks the server (its audit log)."""
 
 from __future__ import annotations
 
@@ -9,12 +8,9 @@ import contextlib
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +20,10 @@ import yaml
 from superkube.agents import gpu_probe, kubeapi
 from superkube.agents import node_health as nh
 from superkube.cluster import render
+from superkube.cluster.cloudinit import POOL_LABEL
+from superkube.lab.apiserver import LocalApi
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from tests.agents.conftest import admin, apply, identity, make_node, namespace, unique
 
 READINGS = Path(__file__).parent / "readings"
 VERSION = "1.35.0"
@@ -53,7 +52,7 @@ def node(name: str, *, cordoned: bool = False, preflight: bool = False) -> dict[
         "metadata": {
             "name": name,
             "uid": f"uid-{name}",
-            "labels": {kubeapi.POOL_LABEL: "gpu", "kubernetes.io/hostname": name},
+            "labels": {POOL_LABEL: "gpu", "kubernetes.io/hostname": name},
             "annotations": {nh.ANNOTATION: "Xid 79"} if cordoned else {},
         },
         "spec": {"unschedulable": cordoned},
@@ -181,100 +180,14 @@ def test_every_request_body_is_valid_against_the_official_schema() -> None:
     assert render.validate({**ev, "severity": "high"}, VERSION)
 
 
-# --- the agent as a process against the client's HTTP path -----------------------------------------
+# --- the agent as a process, against the real API server ----------------------------------------
 
 
-class Api:
-    """A loopback endpoint for the calls the agent makes: reads answer with the objects given, every
-    write is recorded; evictions named in `refuse` get the API's 429 (a PodDisruptionBudget)."""
-
-    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], refuse: set[str]) -> None:
-        self.nodes = {n["metadata"]["name"]: n for n in nodes}
-        self.pods, self.refuse = pods, refuse
-        self.writes: list[tuple[str, str, str, dict[str, Any]]] = []
-        self.reads: list[str] = []
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                api.reads.append(self.path)
-                path = self.path.split("?")[0]
-                if path == "/api/v1/nodes":
-                    self._send(
-                        200,
-                        {
-                            "apiVersion": "v1",
-                            "kind": "NodeList",
-                            "metadata": {},
-                            "items": list(api.nodes.values()),
-                        },
-                    )
-                elif path.startswith("/api/v1/nodes/"):
-                    self._send(200, api.nodes[path.rsplit("/", 1)[1]])
-                elif path == "/api/v1/pods":
-                    self._send(
-                        200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": api.pods}
-                    )
-                else:
-                    self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404})
-
-            def _write(self, method: str) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-                api.writes.append((method, self.path, self.headers.get("Content-Type", ""), body))
-                if self.path.endswith("/eviction") and body["metadata"]["name"] in api.refuse:
-                    self._send(
-                        429,
-                        {
-                            "kind": "Status",
-                            "apiVersion": "v1",
-                            "status": "Failure",
-                            "code": 429,
-                            "reason": "TooManyRequests",
-                            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
-                        },
-                    )
-                elif method == "PATCH":
-                    self._send(200, api.nodes[self.path.rsplit("/", 1)[1]])
-                elif self.path.endswith("/eviction"):
-                    self._send(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
-                else:
-                    self._send(201, body)
-
-            def do_POST(self) -> None:
-                self._write("POST")
-
-            def do_PATCH(self) -> None:
-                self._write("PATCH")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
-                    "users": [{"name": "u", "user": {"token": "t"}}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                }
-            )
-        )
-        return path
+def test_the_report_patch_is_a_valid_node_change() -> None:
+    n = node("gpu-1")
+    patch = nh.report_patch("fatal: GPU 3: Xid 79: GPU has fallen off the bus", AT)
+    patched = {**n, "metadata": {**n["metadata"], "annotations": patch["metadata"]["annotations"]}}
+    assert render.validate(patched, VERSION) == []
 
 
 def free_port() -> int:
@@ -291,11 +204,16 @@ def run_agent(
     *extra: str,
     rounds: int = 1,
     module: str = "superkube.agents.node_health",
+    node_name: str = "gpu-1",
 ) -> tuple[subprocess.Popen[str], int]:
-    """An agent as a process on node gpu-1 of pool gpu; `reading` names a recorded reading or is a file."""
+    """An agent as a process on node `node_name` of pool gpu; `reading` names a recorded reading or is a file."""
     port = free_port()
     path = reading if isinstance(reading, Path) else READINGS / f"{reading}.json"
-    command = [sys.executable, "-m", module, "--node", "gpu-1"]
+    if node_name != "gpu-1" and path.parent == READINGS:
+        doc = json.loads(path.read_text())
+        path = kubeconfig.parent / f"{node_name}-{path.name}"
+        path.write_text(json.dumps({**doc, "node": node_name}))
+    command = [sys.executable, "-m", module, "--node", node_name]
     command += ["--pool", "gpu"] if module.endswith("node_health") else []
     command += ["--reading", str(path), "--kubeconfig", str(kubeconfig), "--metrics-port", str(port)]
     command += ["--metrics-address", "127.0.0.1", "--interval", "0.2", "--rounds", str(rounds), *extra]
@@ -308,118 +226,98 @@ def metrics(port: int) -> dict[str, float]:
     return {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("superkube_")
+        if line and not line.startswith("#")
     }
 
 
-@pytest.fixture
-def api() -> Iterator[Api]:
-    a = Api(POOL, PODS, refuse={"trainer-1"})
-    yield a
-    a.server.shutdown()
-    a.server.server_close()
+@pytest.fixture(scope="module")
+def agent_api(api: LocalApi) -> LocalApi:
+    """The real API server with the health agent's service account, role and admission policy, as
+    the layer renders them."""
+    from modules.platform import node_health as component
+    from modules.platform.foundation import NAMESPACE
+
+    if NAMESPACE not in {n.metadata.name for n in admin(api).list_namespace().items}:
+        namespace(api, NAMESPACE)
+    apply(api, *component._access("health"), *component.fence("health"))
+    return api
 
 
-def test_the_agent_cordons_evicts_and_records_through_the_api(api: Api, tmp_path: Path) -> None:
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "xid-79-off-the-bus")
+def verdict_on(api: LocalApi, name: str) -> str | None:
+    notes = admin(api).read_node(name).metadata.annotations or {}
+    return notes.get(nh.VERDICT_ANNOTATION)
+
+
+def test_the_agent_reports_on_its_own_node_and_reads_nothing_else(
+    agent_api: LocalApi, tmp_path: Path
+) -> None:
+    """As its service account on its node: it watches that one Node, writes its verdict there when it
+    changes (never again while it holds), and asks for no other node and no pod."""
+    from modules.platform.foundation import NAMESPACE
+
+    name = unique("gpu")
+    make_node(agent_api, name, {POOL_LABEL: "gpu"})
+    for other in range(3):
+        make_node(agent_api, f"{name}-other-{other}", {POOL_LABEL: "gpu"})
+    kubeconfig = identity(agent_api, NAMESPACE, nh.COMPONENT, name)
+    proc, _ = run_agent(kubeconfig, "healthy", rounds=3, node_name=name)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    patches = [w for w in api.writes if w[0] == "PATCH"]
-    evictions = [w for w in api.writes if w[1].endswith("/eviction")]
-    events = [w for w in api.writes if w[1] == "/api/v1/namespaces/default/events"]
-    ((_, path, _, body),) = patches
-    assert path == "/api/v1/nodes/gpu-1" and body["spec"] == {"unschedulable": True}
-    assert body["metadata"]["annotations"][nh.ANNOTATION].startswith("fatal: node: 7 of 8 GPUs")
-    assert [w[1] for w in evictions] == [
-        "/api/v1/namespaces/team-a/pods/trainer-0/eviction",
-        "/api/v1/namespaces/team-b/pods/trainer-1/eviction",
-    ]
-    assert not any(w[0] == "DELETE" for w in api.writes), "pods are evicted, never deleted"
-    for _, _, _, obj in evictions + events:
-        assert render.validate(obj, VERSION) == [], obj
-    assert {e[3]["reason"] for e in events} == {"GPUHealthCordon", "GPUHealthEvict"}
-    assert "disruption budget holds team-b/trainer-1" in err.replace(
-        "PodDisruptionBudget holds", "disruption budget holds"
+    assert verdict_on(agent_api, name) == "healthy"
+    proc, _ = run_agent(kubeconfig, "xid-79-off-the-bus", rounds=3, node_name=name)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert verdict_on(agent_api, name) == (
+        "fatal: node: 7 of 8 GPUs a Standard_ND96isr_H100_v5 has are visible (missing index 6)"
     )
+    assert admin(agent_api).read_node(name).spec.unschedulable is not True  # cordons are the controller's
+    requests = agent_api.requests(f"system:serviceaccount:{NAMESPACE}:{nh.COMPONENT}")
+    nodes = [r for r in requests if "/nodes" in r["uri"]]
+    assert nodes and all(
+        f"fieldSelector=metadata.name%3D{name}" in r["uri"]
+        or r["uri"].split("?")[0].endswith(f"/nodes/{name}")
+        for r in nodes
+    ), nodes
+    assert not any("/pods" in r["uri"] for r in requests)
+    # one write per change of verdict (two runs: healthy, then fatal), not one per round
+    assert [r["verb"] for r in nodes if r["verb"] == "patch"] == ["patch", "patch"]
 
 
-def test_only_a_round_that_may_cordon_lists_the_pool_and_from_the_cache(api: Api, tmp_path: Path) -> None:
-    """At 7,500 nodes a whole-pool list from every agent every round would swamp the API servers."""
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "healthy", rounds=3)
+def test_dry_run_writes_nothing(agent_api: LocalApi, tmp_path: Path) -> None:
+    from modules.platform.foundation import NAMESPACE
+
+    name = unique("gpu")
+    make_node(agent_api, name, {POOL_LABEL: "gpu"})
+    kubeconfig = identity(agent_api, NAMESPACE, nh.COMPONENT, name)
+    proc, _ = run_agent(kubeconfig, "xid-48-dbe", "--dry-run", node_name=name)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert api.reads and not any(r.startswith("/api/v1/nodes?") for r in api.reads), api.reads
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "xid-79-off-the-bus")
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    (listed,) = [r for r in api.reads if r.startswith("/api/v1/nodes?")]
-    assert "labelSelector=superkube.io/pool%3Dgpu" in listed and "resourceVersion=0" in listed
-
-
-class FakeKube:
-    """The agent's calls on a list of nodes; counts pool lists, applies cordons."""
-
-    def __init__(self, nodes: list[dict[str, Any]]) -> None:
-        self.nodes = {n["metadata"]["name"]: n for n in nodes}
-        self.listed = 0
-
-    def node(self, name: str) -> dict[str, Any]:
-        return self.nodes[name]
-
-    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
-        self.listed += 1
-        return list(self.nodes.values())
-
-    def pods_on(self, name: str) -> list[dict[str, Any]]:
-        return []
-
-    def patch_node(self, name: str, body: Any) -> None:
-        self.nodes[name] = node(name, cordoned=True)
-
-    def evict(self, pod: Any) -> bool:
-        return True
-
-    def create_event(self, body: Any) -> None:
-        pass
-
-
-def test_each_agent_counts_only_its_own_node_so_a_pool_sum_is_exact() -> None:
-    kube = FakeKube(
-        [
-            node("gpu-1"),
-            *(node(f"gpu-{i}", cordoned=True) for i in range(2, 4)),
-            *(node(f"gpu-{i}") for i in range(4, 41)),
-        ]
-    )
-    agent = nh.Agent("gpu-1", "gpu", lambda: verdict_of("xid-79-off-the-bus"), kube, 0.5)
-    agent.round()
-    assert agent.metrics.cordoned.labels("gpu")._value.get() == 1  # its own cordon, not the pool's 3
-    healthy = nh.Agent("gpu-5", "gpu", lambda: verdict_of("healthy", "gpu-5"), kube, 0.5)
-    healthy.round()
-    assert healthy.metrics.cordoned.labels("gpu")._value.get() == 0
-    assert kube.listed == 1  # the healthy round read no pool
-
-
-def test_dry_run_sends_no_write(api: Api, tmp_path: Path) -> None:
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "xid-48-dbe", "--dry-run")
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert api.writes == []
-    assert "dry-run: would cordon gpu-1" in err and "dry-run: would evict team-a/trainer-0" in err
+    assert verdict_on(agent_api, name) is None and "dry-run: would report fatal: GPU 2: Xid 48" in err
 
 
 def test_without_an_api_server_it_backs_off_and_keeps_serving_metrics(tmp_path: Path) -> None:
-    gone = Api(POOL, PODS, set())
-    gone.server.shutdown()
-    gone.server.server_close()  # nothing listens on its port any more
-    proc, port = run_agent(gone.kubeconfig(tmp_path / "kubeconfig"), "healthy", rounds=3)
+    port = free_port()  # nothing listens there
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    proc, metrics_port = run_agent(kubeconfig, "healthy", rounds=3)
     try:
         deadline = time.monotonic() + 30
         healthy = 'superkube_health_checks_total{result="healthy"}'
         seen: dict[str, float] = {}
         while time.monotonic() < deadline and seen.get(healthy, 0) < 2:
             with contextlib.suppress(OSError):
-                seen = metrics(port)
+                seen = metrics(metrics_port)
             time.sleep(0.05)
         # rounds go on (the probe runs, the agent lives) while the API is down, and it says so
         assert seen.get(healthy, 0) >= 2 and seen["superkube_health_api_up"] == 0.0
@@ -429,10 +327,10 @@ def test_without_an_api_server_it_backs_off_and_keeps_serving_metrics(tmp_path: 
     assert err.count("API server unreachable") == 3 and "Traceback" not in err
 
 
-def test_a_malformed_reading_is_one_line(api: Api, tmp_path: Path) -> None:
+def test_a_malformed_reading_is_one_line(api: LocalApi, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"node": "gpu-1", "vm_size": "x", "expected_gpus": "eight", "gpus": []}))
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "k"), bad)
+    proc, _ = run_agent(api.kubeconfig, bad)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert err.strip().splitlines()[-1].startswith(f"{nh.COMPONENT}: {bad}: expected_gpus")

@@ -18,7 +18,8 @@ from superkube.agents import gpu_probe
 from superkube.agents import preflight as pf
 from superkube.cluster import render
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from tests.agents.test_node_health import PODS, READINGS, Api, node, run_agent
+from tests.agents.loopback import Api
+from tests.agents.test_node_health import PODS, READINGS, node, run_agent
 
 VERSION = "1.35.0"
 SA = "system:serviceaccount:superkube-system:superkube-preflight"

@@ -154,9 +154,26 @@ def test_an_agent_without_rights_says_forbidden(api: LocalApi, tmp_path: Path) -
     assert f'nodes \\"{node}\\" is forbidden' in done.stderr or f'nodes "{node}" is forbidden' in done.stderr
 
 
+def report(api: LocalApi, node: str, reading: str) -> None:
+    """What the node's agent writes when it reads `reading` (as the admin: the agent's own write is
+    tested as the agent)."""
+    value = nh.note(verdict(reading, node))
+    admin(api).patch_node(node, nh.report_patch(value, kubeapi.now()))
+
+
+def controller(api: LocalApi, pool: str, share: float = 0.05) -> Any:
+    """The health controller with the real client, following the pool's nodes with a real watch."""
+    from superkube.agents import health_controller as hc
+    from superkube.agents.informer import Informer
+
+    kube = Kube(str(api.kubeconfig))
+    watch = Informer(kube.core.list_node, slim=hc.slim, label_selector=f"superkube.io/pool={pool}")
+    return hc.Controller(kube, lambda: (watch.sync(), watch.items())[1], frozenset({pool}), share)
+
+
 def test_a_repaired_node_neither_holds_the_breaker_nor_escapes_a_second_cordon(api: LocalApi) -> None:
-    """Twenty nodes past preflight, a 5 % share: one cordon is allowed. A node the agent cordoned
-    once, then repaired and uncordoned by hand (its annotation left, as the recovery leaves it), is
+    """Twenty nodes past preflight, a 5 % share: one cordon is allowed. A node health cordoned once,
+    then repaired and uncordoned by hand (its annotation left, as the recovery leaves it), is
     history: the breaker does not count it, and when it fails again it is cordoned again."""
     pool = unique("pool")
     names = [f"{pool}-{i}" for i in range(20)]
@@ -164,43 +181,84 @@ def test_a_repaired_node_neither_holds_the_breaker_nor_escapes_a_second_cordon(a
         make_node(api, name, {"superkube.io/pool": pool})
     kube = Kube(str(api.kubeconfig))
     repaired = names[0]
-    old = nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now())
-    kube.patch_node(repaired, old)
+    kube.patch_node(repaired, nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now()))
     kube.patch_node(repaired, {"spec": {"unschedulable": False}})  # repaired and uncordoned by hand
-    # a different node fails: one cordon in twenty is within the share
-    failing = names[1]
-    decision = nh.Agent(failing, pool, lambda: verdict("xid-79-off-the-bus", failing), kube, 0.05).round()
+    ctl = controller(api, pool)
+    failing = names[1]  # a different node fails: one cordon in twenty is within the share
+    report(api, failing, "xid-79-off-the-bus")
+    decision = ctl.round()[failing]
     assert decision.cordon and not decision.breaker_open
     assert kube.node(failing)["spec"]["unschedulable"] is True
     kube.patch_node(failing, {"spec": {"unschedulable": False}})  # repaired too
-    # the repaired node fails again: cordoned again
-    decision = nh.Agent(repaired, pool, lambda: verdict("xid-48-dbe", repaired), kube, 0.05).round()
-    assert decision.cordon and kube.node(repaired)["spec"]["unschedulable"] is True
+    report(api, failing, "healthy")
+    report(api, repaired, "xid-48-dbe")  # the repaired node fails again: cordoned again
+    assert ctl.round()[repaired].cordon and kube.node(repaired)["spec"]["unschedulable"] is True
 
 
-def test_the_agent_evicts_through_the_real_eviction_api(api: LocalApi) -> None:
+def test_the_breaker_holds_past_the_share_on_real_nodes_and_says_so_once(api: LocalApi) -> None:
     pool = unique("pool")
-    node = f"{pool}-0"
-    make_node(api, node, {"superkube.io/pool": pool})
-    for i in range(1, 40):
+    names = [f"{pool}-{i:02d}" for i in range(40)]
+    for name in names:
+        make_node(api, name, {"superkube.io/pool": pool})
+    for name in names[:3]:
+        report(api, name, "xid-79-off-the-bus")
+    ctl = controller(api, pool)
+    first = ctl.round()
+    assert [n for n, d in first.items() if d.cordon] == names[:2]  # 2 of 40 within 5 %
+    assert first[names[2]].breaker_open
+    assert ctl.metrics.breaker.labels(pool)._value.get() == 1
+    assert ctl.metrics.cordoned.labels(pool)._value.get() == 2
+    assert names[2] not in ctl.round()  # held, and not warned about again
+    held = [e for e in events_about(api, names[2]) if e.reason == "HealthBreakerOpen"]
+    assert len(held) == 1 and "3 of 40" in held[0].message
+    assert admin(api).read_node(names[2]).spec.unschedulable is not True
+
+
+def test_the_controller_evicts_through_the_real_eviction_api(api: LocalApi) -> None:
+    """Evictions, with a PodDisruptionBudget that allows none (no controller-manager computes it
+    here, so it allows nothing: the server answers 429 for its running pod): that pod stays and is
+    tried again next round."""
+    pool = unique("pool")
+    for i in range(40):
         make_node(api, f"{pool}-{i}", {"superkube.io/pool": pool})
+    node = f"{pool}-0"
     ns = namespace(api, unique("team"))
     make_pod(api, ns, "trainer-0", node)
-    kube = Kube(str(api.kubeconfig))
-    decision = nh.Agent(node, pool, lambda: verdict("xid-79-off-the-bus", node), kube, 0.05).round()
-    assert [p.name for p in decision.evict] == ["trainer-0"]
-    pod = admin(api).read_namespaced_pod("trainer-0", ns)
-    assert pod.metadata.deletion_timestamp is not None  # evicted: deleted gracefully, not gone at once
+    make_pod(api, ns, "held-0", node)
+    admin(api).patch_namespaced_pod("held-0", ns, {"metadata": {"labels": {"app": "held"}}})
+    # running (as a kubelet would report it): a pending pod may be evicted whatever its budget says
+    running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    admin(api).patch_namespaced_pod_status("held-0", ns, running)
+    from kubernetes import client
+
+    client.PolicyV1Api(admin(api).api_client).create_namespaced_pod_disruption_budget(
+        ns,
+        {
+            "metadata": {"name": "held"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}},
+        },
+    )
+    report(api, node, "xid-79-off-the-bus")
+    ctl = controller(api, pool)
+    decision = ctl.round()[node]
+    assert sorted(p.name for p in decision.evict) == ["held-0", "trainer-0"]
+    core = admin(api)
+    assert core.read_namespaced_pod("trainer-0", ns).metadata.deletion_timestamp is not None
+    assert core.read_namespaced_pod("held-0", ns).metadata.deletion_timestamp is None  # the budget held it
+    assert ctl.draining == {node}
+    again = ctl.round()[node]  # the next round tries what is left, and cordons nothing new
+    assert not again.cordon and "held-0" in [p.name for p in again.evict]
     reasons = sorted(e.reason for e in events_about(api, node))
-    assert reasons == ["GPUHealthCordon", "GPUHealthEvict"]
+    assert reasons.count("GPUHealthCordon") == 1 and "GPUHealthEvict" in reasons
 
 
-# --- the health agent fenced in, on the real server --------------------------------------------
+# --- the health agent and controller fenced in, on the real server ------------------------------
 
 
 @pytest.fixture(scope="module")
 def fenced(api: LocalApi) -> LocalApi:
-    """The health agent's service account, role and admission policies, as the layer renders them."""
+    """The health agent's and controller's service accounts, roles and admission policies, as the
+    layer renders them."""
     from modules.platform import node_health as component
     from modules.platform.foundation import NAMESPACE
 
@@ -208,15 +266,35 @@ def fenced(api: LocalApi) -> LocalApi:
     if NAMESPACE not in {n.metadata.name for n in core.list_namespace().items}:
         namespace(api, NAMESPACE)
     apply(api, *component._access("health"), *component.fence("health"))
+    controller_objects = [m for m in component.controller(_args()) if m["kind"] != "Deployment"]
+    apply(api, *controller_objects, *component.fence("health-controller"))
     return api
 
 
-def as_health_agent(api: LocalApi, node: str) -> Any:
+def _args() -> Any:
+    from modules.platform import node_health as component
+    from superkube.model import vmsizes
+    from superkube.model.spec import NodePool
+
+    pool = NodePool.model_validate(
+        {
+            "name": "gpu",
+            "role": "gpu",
+            "vm_size": "Standard_ND96isr_H100_v5",
+            "nodes": 4,
+            "gpus_per_node": 8,
+            "pod_ips_per_node": 15,
+        }
+    )
+    return component.NodeHealthArgs(pools=[(pool, vmsizes.size(pool.vm_size, "test"))])
+
+
+def as_account(api: LocalApi, account: str, node: str) -> Any:
     from kubernetes import client, config
 
     from modules.platform.foundation import NAMESPACE
 
-    kubeconfig = identity(api, NAMESPACE, nh.COMPONENT, node)
+    kubeconfig = identity(api, NAMESPACE, account, node)
     return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
 
 
@@ -235,30 +313,50 @@ def refusal(call: Any) -> str:
         time.sleep(0.5)
 
 
-def test_the_health_agent_may_change_only_its_own_node_and_only_to_cordon(fenced: LocalApi) -> None:
+def test_the_health_agent_may_only_report_on_its_own_node(fenced: LocalApi) -> None:
     pool = unique("fence")
     mine, other = f"{pool}-a", f"{pool}-b"
     for name in (mine, other):
         make_node(fenced, name, {"superkube.io/pool": pool})
-    agent = as_health_agent(fenced, mine)
+    agent = as_account(fenced, nh.COMPONENT, mine)
+    body = nh.report_patch("fatal: GPU 3: Xid 79", kubeapi.now())
+    assert "may change only the node its pod runs on" in refusal(lambda: agent.patch_node(other, body))
+    agent.patch_node(mine, body)  # its own report: admitted
     cordon = nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now())
-    assert "may change only the node its pod runs on" in refusal(lambda: agent.patch_node(other, cordon))
-    agent.patch_node(mine, cordon)  # its own cordon, with its reason: admitted
-    assert admin(fenced).read_node(mine).spec.unschedulable is True
-    uncordon = {"spec": {"unschedulable": False}}
-    assert "may cordon but never uncordon" in refusal(lambda: agent.patch_node(mine, uncordon))
+    assert "the health agent may not cordon" in refusal(
+        lambda: agent.patch_node(mine, {"spec": cordon["spec"]})
+    )
     relabel = {"metadata": {"labels": {"superkube.io/team": "mine"}}}
     assert "the health agent may not change labels" in refusal(lambda: agent.patch_node(mine, relabel))
+    note = {"metadata": {"annotations": {nh.ANNOTATION: "me"}}}
+    assert "may only set the superkube.io/health-verdict" in refusal(lambda: agent.patch_node(mine, note))
+
+
+def test_the_controller_may_only_cordon_nodes_reported_fatal(fenced: LocalApi) -> None:
+    from superkube.agents import health_controller as hc
+
+    pool = unique("fence")
+    fatal, fine = f"{pool}-a", f"{pool}-b"
+    for name in (fatal, fine):
+        make_node(fenced, name, {"superkube.io/pool": pool})
+    report(fenced, fatal, "xid-79-off-the-bus")
+    report(fenced, fine, "healthy")
+    ctl = as_account(fenced, hc.COMPONENT, fine)
+    cordon = nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now())
+    assert "a node its health agent reported fatal" in refusal(lambda: ctl.patch_node(fine, cordon))
+    ctl.patch_node(fatal, cordon)
+    uncordon = {"spec": {"unschedulable": False}}
+    assert "may cordon but never uncordon" in refusal(lambda: ctl.patch_node(fatal, uncordon))
     taint = {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}
-    assert "the health agent may not change taints" in refusal(lambda: agent.patch_node(mine, taint))
-    note = {"metadata": {"annotations": {"example.com/owner": "me"}}}
-    assert "may only set the superkube.io/health-cordoned" in refusal(lambda: agent.patch_node(mine, note))
+    assert "the health controller may not change taints" in refusal(lambda: ctl.patch_node(fatal, taint))
 
 
-def test_the_health_agent_may_evict_workloads_but_not_the_system(fenced: LocalApi) -> None:
+def test_the_controller_may_evict_workloads_but_not_the_system(fenced: LocalApi) -> None:
+    from superkube.agents import health_controller as hc
+
     node = unique("evict")
     make_node(fenced, node)
-    agent = as_health_agent(fenced, node)
+    ctl = as_account(fenced, hc.COMPONENT, node)
     work = namespace(fenced, unique("team"))
     make_pod(fenced, work, "trainer", node)
     system_pod = unique("coredns")
@@ -268,7 +366,7 @@ def test_the_health_agent_may_evict_workloads_but_not_the_system(fenced: LocalAp
         body: dict[str, Any] = kubeapi.eviction(kubeapi.PodRef(ns, name))
         if grace is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace}
-        return agent.create_namespaced_pod_eviction(name, ns, body)
+        return ctl.create_namespaced_pod_eviction(name, ns, body)
 
     assert "may not evict pods of kube-system" in refusal(lambda: evict("kube-system", system_pod))
     assert "grace period to 0" in refusal(lambda: evict(work, "trainer", 0))
@@ -384,3 +482,34 @@ def test_system_namespaces_never_wait_on_the_webhook(team_webhook_on: LocalApi) 
     made = create_pod(team_webhook_on, "kube-system", {}, tolerations=[{"operator": "Exists"}])
     assert made.metadata.name.startswith("trainer-")
     admin(team_webhook_on).delete_namespaced_pod(made.metadata.name, "kube-system")
+
+
+def test_the_controller_as_its_service_account_leads_follows_and_cordons(
+    fenced: LocalApi, tmp_path: Path
+) -> None:
+    """The controller's process, as the layer deploys it (its account, role, lease role, policies):
+    it takes the lease, follows the pool with one list and a watch, cordons the node reported
+    fatal, and lists pods only on that node."""
+    from modules.platform.foundation import NAMESPACE
+    from superkube.agents import health_controller as hc
+
+    pool = unique("ctl")
+    names = [f"{pool}-{i:02d}" for i in range(30)]
+    for name in names:
+        make_node(fenced, name, {"superkube.io/pool": pool})
+    report(fenced, names[7], "xid-95-uncontained")
+    kubeconfig = identity(fenced, NAMESPACE, hc.COMPONENT, names[0])
+    command = [sys.executable, "-m", "superkube.agents.health_controller", "--pools", pool,
+               "--kubeconfig", str(kubeconfig), "--metrics-port", "0", "--metrics-address", "127.0.0.1",
+               "--interval", "0.5", "--rounds", "4", "--namespace", NAMESPACE, "--identity", "replica-a"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "replica-a leads" in done.stderr and "Traceback" not in done.stderr
+    assert admin(fenced).read_node(names[7]).spec.unschedulable is True
+    assert not any(admin(fenced).read_node(n).spec.unschedulable for n in names if n != names[7])
+    requests = fenced.requests(f"system:serviceaccount:{NAMESPACE}:{hc.COMPONENT}")
+    lists = [r for r in requests if r["verb"] == "list" and "/nodes" in r["uri"]]
+    pods = [r for r in requests if "/pods" in r["uri"] and r["verb"] == "list"]
+    assert len(lists) == 1, lists  # one list, then the watch
+    assert any(r["verb"] == "watch" and "/nodes" in r["uri"] for r in requests)
+    assert pods and all(f"spec.nodeName%3D{names[7]}" in r["uri"] for r in pods), pods

@@ -18,7 +18,8 @@ import yaml
 from superkube.agents import team_taints
 from superkube.agents.team_taints import Reconciler
 from superkube.model import teams
-from tests.agents.test_node_health import Api, free_port
+from tests.agents.loopback import Api
+from tests.agents.test_node_health import free_port
 
 TEAMS = [
     {"selector": {"superkube.io/pool": "gpu"}, "team": "any", "priority": 0},

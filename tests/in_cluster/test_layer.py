@@ -306,10 +306,20 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
             for res in rule["resources"]
             for verb in rule["verbs"]
         }
-        for name in ("superkube-node-health", "superkube-preflight", "superkube-gpu-test")
+        for name in (
+            "superkube-node-health",
+            "superkube-node-health-controller",
+            "superkube-preflight",
+            "superkube-gpu-test",
+        )
     }
-    assert ("pods/eviction", "create") in granted["superkube-node-health"]
-    assert not {v for r, v in granted["superkube-node-health"] if r == "pods"} - {"list"}
+    # the per-node agent reads (watches) and writes its own node only: no pods, no evictions
+    assert granted["superkube-node-health"] == {
+        ("nodes", "get"), ("nodes", "list"), ("nodes", "watch"), ("nodes", "patch"), ("events", "create")
+    }  # fmt: skip
+    # the controller evicts, and lists pods (of one node at a time), never deletes
+    assert ("pods/eviction", "create") in granted["superkube-node-health-controller"]
+    assert not {v for r, v in granted["superkube-node-health-controller"] if r == "pods"} - {"list"}
     # the preflight agent and the periodic test patch nodes, each fenced in by its admission policy,
     # and nothing else
     for agent in ("superkube-preflight", "superkube-gpu-test"):
@@ -320,9 +330,10 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     fenced = {
         "superkube-preflight-own-node": "superkube-preflight'",
         "superkube-gpu-test-own-node": "superkube-gpu-test'",
-        # the most powerful agent too: its own node, and workload pods only
+        # the health agent: its own node's report; the controller: nodes reported fatal, workload pods
         "superkube-node-health-own-node": "superkube-node-health'",
-        "superkube-node-health-evictions": "superkube-node-health'",
+        "superkube-node-health-controller-nodes": "superkube-node-health-controller'",
+        "superkube-node-health-evictions": "superkube-node-health-controller'",
     }
     assert bindings == {name: {"policyName": name, "validationActions": ["Deny"]} for name in fenced}
     policies = {p["metadata"]["name"]: p for p in of_kind(any_plan, "ValidatingAdmissionPolicy")}
@@ -372,6 +383,7 @@ def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -
     plan = planning.run(ROOT, str(write_stack(config)))
     assert of_kind(plan, "CronJob") == []
     assert sorted(b["spec"]["policyName"] for b in of_kind(plan, "ValidatingAdmissionPolicyBinding")) == [
+        "superkube-node-health-controller-nodes",
         "superkube-node-health-evictions",
         "superkube-node-health-own-node",
         "superkube-preflight-own-node",
@@ -382,11 +394,13 @@ def test_each_health_key_reaches_the_agents_flags(write_stack: Callable[..., Pat
     config = dev_config()
     config.update({"health_max_cordoned_share": 0.1, "health_dry_run": True})
     plan = planning.run(ROOT, str(write_stack(config)))
-    (ds,) = [
-        d for d in of_kind(plan, "DaemonSet") if d["metadata"]["name"].startswith("superkube-node-health")
+    (deployment,) = [
+        d for d in of_kind(plan, "Deployment") if d["metadata"]["name"] == "superkube-node-health-controller"
     ]
-    command = ds["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--max-cordoned-share=0.1" in command and "--dry-run" in command
+    gpu_pools = [p.name for p in plan.spec.node_pools if p.role == "gpu"]
+    assert f"--pools={','.join(gpu_pools)}" in command
 
 
 def test_prometheus_may_discover_and_read_what_its_config_asks_and_nothing_more(any_plan: Plan) -> None:

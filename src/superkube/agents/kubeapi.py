@@ -15,8 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from superkube.cluster.cloudinit import POOL_LABEL
-
 EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects (nodes) live
 MAX_MESSAGE = 1024  # the API server caps an Event's message at this many bytes
 
@@ -141,6 +139,7 @@ class Kube:
         api = client.ApiClient()
         api.configuration.retries = 0  # the agent's own backoff decides when to try again
         self.core = client.CoreV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
         self.api = api
 
     def _plain(self, obj: Any) -> dict[str, Any]:
@@ -150,17 +149,10 @@ class Kube:
     def node(self, name: str) -> dict[str, Any]:
         return self._plain(self.core.read_node(name, _request_timeout=10))
 
-    # Node lists pass resourceVersion "0": the API server answers from its watch cache instead of a
-    # quorum read of etcd. Slightly stale is fine for what they feed: the team reconciler's patches
-    # `test` the taints they read, and the health agent's breaker counts cordoned nodes.
+    # a whole list, from the API server's watch cache (resourceVersion "0"); the agents follow nodes
+    # with watches (superkube.agents.informer), this is for one-off reads
     def all_nodes(self) -> list[dict[str, Any]]:
         return [self._plain(n) for n in self.core.list_node(resource_version="0", _request_timeout=60).items]
-
-    def pool_nodes(self, pool: str) -> list[dict[str, Any]]:
-        items = self.core.list_node(
-            label_selector=f"{POOL_LABEL}={pool}", resource_version="0", _request_timeout=30
-        ).items
-        return [self._plain(n) for n in items]
 
     def pods_on(self, node: str) -> list[dict[str, Any]]:
         items = self.core.list_pod_for_all_namespaces(

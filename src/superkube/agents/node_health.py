@@ -1,25 +1,21 @@
-"""Passive GPU health: on a fatal verdict, cordon the node and evict its pods, saying why.
+"""Passive GPU health on each GPU node: probe the node's GPUs and report the verdict on the node.
 
 Runs on every GPU node (a DaemonSet of the in-cluster layer, on the host network). Each round it
-reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in src/superkube/data/gpu_health.yaml)
-and acts on the verdict:
-- fatal: cordon the node (`spec.unschedulable`) with the reason in the annotation
-  `superkube.io/health-cordoned`, then evict its pods through the Eviction API, so
-  PodDisruptionBudgets hold (a 429 leaves the pod for the next round); pods are never deleted, and
-  DaemonSet and mirror pods stay. Each action is also an Event on the node.
-- warning: an Event on the node, once per distinct set of reasons.
-- healthy: nothing; a cordoned node comes back only by hand.
-A failed periodic GPU test (the annotation `superkube.io/gpu-test-result` that superkube.agents.gpu_test
-writes) is one more fatal finding: the tests record, this agent acts.
-A node still behind the preflight taint is the preflight agent's: this one leaves it alone.
+reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in
+src/superkube/data/gpu_health.yaml), folds in a failed periodic GPU test (the annotation
+`superkube.io/gpu-test-result` that superkube.agents.gpu_test writes), and writes the verdict to
+its own Node, in the annotation `superkube.io/health-verdict` ("fatal: <reasons>", "warning:
+<reasons>" or "healthy"), only when it changed. A warning is also an Event on the node, once per
+distinct set of reasons.
 
-The circuit breaker: before cordoning, the agent counts the nodes of its pool this agent has
-cordoned, among those past preflight (new nodes of an autoscaler burst look unhealthy before their
-driver is ready, and must not trip it). If cordoning this node would take the share past
-`--max-cordoned-share`, it does not act: it logs, sends a Warning Event and exports
-`superkube_health_breaker_open{pool} 1` (alert HealthAgentBreakerOpen) until a person looks.
+It reads and writes nothing but its own Node: its node comes from a watch on that one object
+(field selector `metadata.name`), so a steady fleet costs one idle watch per node. Cordoning and
+eviction are fleet-wide decisions (the breaker counts a pool's cordoned nodes) and belong to one
+leader-elected controller, superkube.agents.health_controller, which follows every GPU node with a
+watch; the agent's admission policy lets it set its two annotations on its own node and nothing
+else. The decision logic both share is here (`decide`).
 
-`--dry-run` logs each action instead of sending it. When the API server cannot be reached the agent
+`--dry-run` logs the report instead of writing it. When the API server cannot be reached the agent
 backs off (doubling to `--max-backoff`) and keeps serving its metrics, with
 `superkube_health_api_up 0`.
 
@@ -29,10 +25,10 @@ Run: python -m superkube.agents.node_health --node NODE --pool POOL --vm-size SI
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +37,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from superkube.agents import gpu_probe, gpu_test
+from superkube.agents.informer import Informer
 from superkube.agents.kubeapi import (
     MAX_MESSAGE,
     Kube,
@@ -58,6 +55,8 @@ from superkube.model.spec import PREFLIGHT_TAINT_KEY
 COMPONENT = "superkube-node-health"
 ANNOTATION = "superkube.io/health-cordoned"  # the reason; marks the nodes this agent cordoned
 ANNOTATION_AT = "superkube.io/health-cordoned-at"
+VERDICT_ANNOTATION = "superkube.io/health-verdict"  # the node's agent's last verdict, with its reasons
+VERDICT_AT = "superkube.io/health-verdict-at"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 log = logging.getLogger(COMPONENT)
@@ -164,6 +163,31 @@ def with_periodic_test(verdict: gpu_probe.Verdict, failed_test: str | None) -> g
     return gpu_probe.Verdict(verdict.node, "fatal", [*verdict.findings, finding])
 
 
+def note(verdict: gpu_probe.Verdict) -> str:
+    """The verdict as the agent writes it on its node: its level, and the reasons of that level."""
+    if verdict.level in ("fatal", "warning"):
+        return _summary(verdict, verdict.level) or verdict.level
+    return "healthy"
+
+
+def reported(node: Mapping[str, Any]) -> gpu_probe.Verdict | None:
+    """The verdict the node's agent wrote (None: none yet), as the controller reads it."""
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(VERDICT_ANNOTATION)
+    if not value:
+        return None
+    level = value.split(":", 1)[0]
+    if level not in ("fatal", "warning"):
+        return gpu_probe.Verdict(node["metadata"]["name"], "healthy", [])
+    return gpu_probe.Verdict(node["metadata"]["name"], level, [_Reported(level, None, value)])
+
+
+class _Reported(gpu_probe.Finding):
+    """A reported summary (already "fatal: GPU 3: ..."), said as it was written."""
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 # --- what goes to the API server (each body is checked against the official schema in tests) ----
 
 
@@ -173,6 +197,11 @@ def cordon_patch(reason: str, at: datetime) -> dict[str, Any]:
         "metadata": {"annotations": {ANNOTATION: reason[:MAX_MESSAGE], ANNOTATION_AT: stamp(at)}},
         "spec": {"unschedulable": True},
     }
+
+
+def report_patch(value: str, at: datetime) -> dict[str, Any]:
+    """A merge patch of the agent's own node: its verdict and when."""
+    return {"metadata": {"annotations": {VERDICT_ANNOTATION: value[:MAX_MESSAGE], VERDICT_AT: stamp(at)}}}
 
 
 # --- the agent ----------------------------------------------------------------------------------
@@ -185,22 +214,10 @@ class Metrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.checks = Counter("superkube_health_checks", "Probe rounds by verdict.", ["result"], registry=r)
-        self.actions = Counter(
-            "superkube_health_actions",
-            "Actions taken (or logged, in dry-run).",
-            ["action", "dry_run"],
-            registry=r,
-        )
-        self.breaker = Gauge(
-            "superkube_health_breaker_open",
-            "1 while the breaker keeps the agent from cordoning.",
-            ["pool"],
-            registry=r,
-        )
-        self.cordoned = Gauge(
-            "superkube_health_cordoned_nodes",
-            "1 while this agent's node is cordoned by the health agent (sum by pool: the pool's count).",
-            ["pool"],
+        self.reports = Counter(
+            "superkube_health_reports",
+            "Verdicts written to the node (or logged, in dry-run), by level.",
+            ["level", "dry_run"],
             registry=r,
         )
         self.api_up = Gauge(
@@ -220,89 +237,70 @@ class Agent:
     pool: str
     probe: Callable[[], gpu_probe.Verdict]
     kube: Any  # Kube, or anything with its methods
-    max_cordoned_share: float
+    own: Callable[[], Mapping[str, Any]]
+    """this node as last seen (the watch on it; in tests anything that returns the node)"""
     dry_run: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     warned: str = ""
 
-    def round(self) -> Decision:
+    def round(self) -> str:
+        """Probe, and write the verdict on the node when it changed; returns what was reported."""
         verdict = self.probe()  # probed (and counted) even while the API server is away
         self.metrics.checks.labels(verdict.level).inc()
-        node = self.kube.node(self.node)
+        node = self.own()
         test = gpu_test.failed(node)
         self.metrics.gpu_test_failed.labels(self.pool).set(1 if test else 0)
         verdict = with_periodic_test(verdict, test)
-        # The pool is read only when this round may cordon (a fatal verdict on a node past preflight
-        # that is not cordoned yet): every agent listing its whole pool every round would be
-        # thousands of whole-pool lists a minute for the API servers at 7,500 nodes.
-        may_cordon = verdict.level == "fatal" and not in_preflight(node) and not cordoned_by_us(node)
-        pool = self.kube.pool_nodes(self.pool) if may_cordon else []
-        pods = self.kube.pods_on(self.node) if verdict.level == "fatal" else []
-        decision = decide(verdict, node, pool, pods, self.max_cordoned_share, self.warned)
-        self.metrics.api_up.set(1)
-        self.metrics.breaker.labels(self.pool).set(1 if decision.breaker_open else 0)
-        self.act(node, decision)
-        # this node only: summed by pool, the agents' gauges count the pool's cordoned nodes once each
-        mine = cordoned_by_us(node) or bool(decision.cordon and not self.dry_run)
-        self.metrics.cordoned.labels(self.pool).set(1 if mine else 0)
-        if verdict.level == "warning":
-            self.warned = _summary(verdict, "warning")
-        return decision
-
-    def _do(self, action: str, what: str, call: Callable[[], Any]) -> Any:
-        self.metrics.actions.labels(action, str(self.dry_run).lower()).inc()
-        if self.dry_run:
-            log.warning("dry-run: would %s", what)
-            return True
-        log.warning("%s", what)
-        return call()
-
-    def act(self, node: Mapping[str, Any], decision: Decision) -> None:
+        value = note(verdict)
+        current = ((node.get("metadata") or {}).get("annotations") or {}).get(VERDICT_ANNOTATION)
         at = now()
-        if decision.breaker_open:
-            log.error("breaker open on pool %s: %s", self.pool, decision.events[0][2])
-        if decision.cordon:
-            body = cordon_patch(decision.cordon, at)
-            self._do(
-                "cordon",
-                f"cordon {self.node}: {decision.cordon}",
-                lambda: self.kube.patch_node(self.node, body),
-            )
-        for pod in decision.evict:
-            moving = self._do(
-                "evict", f"evict {pod.namespace}/{pod.name}", functools.partial(self.kube.evict, pod)
-            )
-            if not moving:
-                self.metrics.actions.labels("evict_blocked", "false").inc()
-                log.warning(
-                    "a PodDisruptionBudget holds %s/%s; trying again next round", pod.namespace, pod.name
-                )
-        for type_, reason, message in decision.events:
-            body = event(node, COMPONENT, type_, reason, message, at)
-            self._do(
-                "event", f"event {reason} on {self.node}", functools.partial(self.kube.create_event, body)
-            )
+        if value != current:
+            self.metrics.reports.labels(verdict.level, str(self.dry_run).lower()).inc()
+            if self.dry_run:
+                log.warning("dry-run: would report %s", value)
+            else:
+                (log.warning if verdict.level == "fatal" else log.info)("report: %s", value)
+                self.kube.patch_node(self.node, report_patch(value, at))
+        if verdict.level == "warning" and value != self.warned and not self.dry_run:
+            self.kube.create_event(event(node, COMPONENT, "Warning", "GPUHealthWarning", value, at))
+        self.warned = value if verdict.level == "warning" else ""
+        self.metrics.api_up.set(1)
+        return value
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = agent_parser("node_health", __doc__.splitlines()[0], NODE_AGENTS_METRICS_PORT)
     p.add_argument("--pool", default=os.environ.get("NODE_POOL", ""), help="this node's pool (env NODE_POOL)")
-    p.add_argument("--max-cordoned-share", type=float, default=0.05)
     args = p.parse_args(argv)
     check_agent_args(p, args)
     if not args.pool:
         p.error("--pool is required (or NODE_POOL)")
-    if not 0 < args.max_cordoned_share <= 1:
-        p.error(f"--max-cordoned-share must be in (0, 1]; got {args.max_cordoned_share}")
     return args
+
+
+def own_node(watch: Informer, name: str, stop: threading.Event) -> Callable[[], Mapping[str, Any]]:
+    """This node, from a watch on that one object (listed once, then followed)."""
+
+    def current() -> Mapping[str, Any]:
+        watch.ensure(stop)
+        node = watch.get(name)
+        if node is None:
+            raise LookupError(f"node {name} is not registered with the API server")
+        return node
+
+    return current
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     metrics = Metrics()
+    stop = threading.Event()
+    watches: list[Informer] = []
 
     def make_round(probe: Callable[[], gpu_probe.Verdict], kube: Kube) -> Callable[[], bool]:
-        agent = Agent(args.node, args.pool, probe, kube, args.max_cordoned_share, args.dry_run, metrics)
+        watches.append(Informer(kube.core.list_node, field_selector=f"metadata.name={args.node}"))
+        own = own_node(watches[-1], args.node, stop)
+        agent = Agent(args.node, args.pool, probe, kube, own, args.dry_run, metrics)
 
         def one_round() -> bool:
             agent.round()
@@ -310,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return one_round
 
-    return run_agent(COMPONENT, log, args, metrics, make_round)
+    try:
+        return run_agent(COMPONENT, log, args, metrics, make_round)
+    finally:
+        for watch in watches:
+            watch.close()
 
 
 if __name__ == "__main__":

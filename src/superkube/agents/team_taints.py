@@ -1,7 +1,8 @@
 """Team taints: keeps every node's `superkube.io/team` taint equal to the team capacity configuration.
 
 Each round it reads the tuples (the mounted ConfigMap, reread every round so an applied change takes
-effect without a restart), lists the nodes, and for each node whose team taint differs from the one
+effect without a restart) and goes over the nodes as its watch last saw them (one list at start,
+then only changes, kept slim: names, labels, taints; relisted only on 410 Gone), and for each node whose team taint differs from the one
 its labels call for (the highest-priority matching tuple's team; none when no tuple matches) sends
 one JSON patch: a `test` of the taints it read (of its resourceVersion when it has none), then the
 taints with only the team taint changed. A patch the server refuses (a node changed since it was
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from collections import Counter as Tally
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from superkube.agents.informer import Informer
 from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, refused, serve
 from superkube.cluster.kube import TEAM_TAINTS_METRICS_PORT
 from superkube.model import teams
@@ -178,6 +181,33 @@ def _taint_of(taints: Sequence[Mapping[str, Any]]) -> str:
     return ",".join(f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in mine) or "none"
 
 
+def slim(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What the reconciler keeps of a Node: its name, labels, taints (the field only if the node has
+    it) and resourceVersion, which its patches need; not the ~13 KB of status."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    kept_meta = {k: meta[k] for k in ("name", "uid", "labels", "resourceVersion") if k in meta}
+    return {"metadata": kept_meta, "spec": {"taints": spec["taints"]} if "taints" in spec else {}}
+
+
+class WatchedNodes:
+    """The client, with the node list served by a watch (list once, then changes)."""
+
+    def __init__(self, kube: Any, stop: threading.Event) -> None:
+        self.kube, self.stop = kube, stop
+        self.watch = Informer(kube.core.list_node, slim=slim)
+
+    def all_nodes(self) -> list[dict[str, Any]]:
+        self.watch.ensure(self.stop)
+        return list(self.watch.items().values())
+
+    def patch_node(self, name: str, body: Any) -> None:
+        self.kube.patch_node(name, body)
+
+    def create_event(self, body: Any) -> None:
+        self.kube.create_event(body)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = base_parser("team_taints", (__doc__ or "").splitlines()[0], TEAM_TAINTS_METRICS_PORT, interval=30.0)
     p.add_argument("--config", type=Path, required=True, help="the teams file (the mounted ConfigMap)")
@@ -192,13 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     kube = connect(COMPONENT, args, metrics.registry)
     if kube is None:
         return 2
-    reconciler = Reconciler(args.config, kube, args.dry_run, metrics)
+    stop = threading.Event()
+    reconciler = Reconciler(args.config, WatchedNodes(kube, stop), args.dry_run, metrics)
 
     def one_round() -> bool:
         reconciler.round()
         return False
 
-    serve(one_round, metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
+    try:
+        serve(one_round, metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
+    finally:
+        reconciler.kube.watch.close()
     return 0
 
 

@@ -28,6 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from superkube.lab import build
 
@@ -35,6 +36,15 @@ SERVICE_CIDR = "10.96.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
 READY_TIMEOUT_S = 60.0
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+
+# every request, who made it and what it asked (not the bodies): what tests count an agent's requests by
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
 
 
 class ApiServerError(Exception):
@@ -100,6 +110,22 @@ class LocalApi:
         return kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.dir / "pki" / "ca.crt",
                           {"token": token})  # fmt: skip
 
+    def requests(self, user: str) -> list[dict[str, Any]]:
+        """The audited requests `user` made (each: verb, requestURI, objectRef, code), in order."""
+        out = []
+        path = self.dir / "audit.log"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            entry = json.loads(line)
+            # a watch is counted when it starts (it completes only when it ends), anything else when done
+            first = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
+            if entry.get("user", {}).get("username") == user and entry.get("stage") == first:
+                out.append({
+                    "verb": entry.get("verb"),
+                    "uri": entry.get("requestURI", ""),
+                    "code": entry.get("responseStatus", {}).get("code"),
+                })  # fmt: skip
+        return out
+
     def stop(self) -> None:
         for p in reversed(self.processes):
             if p.poll() is None:
@@ -162,6 +188,7 @@ def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) ->
         ),
         kubectl=built["kubernetes"].binary("kubectl"),
     )
+    (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
     etcd = f"http://127.0.0.1:{etcd_port}"
     peer = f"http://127.0.0.1:{peer_port}"
     api.processes.append(_spawn(d, "etcd", [
@@ -182,6 +209,8 @@ def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) ->
         "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
         "--enable-bootstrap-token-auth=true", "--allow-privileged=true", "--profiling=false",
         "--endpoint-reconciler-type=none",
+        f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={d / 'audit.log'}",
+        "--audit-log-mode=blocking", "--audit-log-format=json",
     ]))  # fmt: skip
     try:
         _wait_ready(api, time.monotonic() + READY_TIMEOUT_S)

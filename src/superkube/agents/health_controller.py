@@ -1,0 +1,275 @@
+"""The health controller: cordons and drains the GPU nodes their own agents report fatal, behind a
+breaker per pool. One leader (a Lease) acts; the other replica waits to take over.
+
+Why a controller: the breaker is a fleet-wide fact (the share of a pool's nodes past preflight that
+health has cordoned), and a DaemonSet that read its pool to know it would, in a burst of failures,
+have hundreds of agents list thousands of nodes at once. The controller follows the GPU nodes with
+one watch (`informer`: list once, then changes; relist only on 410 Gone), keeping a few fields of
+each, so its requests grow with changes and failures, not with nodes x failures. The agents
+(superkube.agents.node_health) only write their verdict on their own Node.
+
+Each round (`--interval`, and at once after the watch brings a change) the leader, pool by pool:
+- a node reported fatal (the annotation `superkube.io/health-verdict`), past preflight and not yet
+  cordoned by health: cordon it (`spec.unschedulable`, the reason in `superkube.io/health-cordoned`)
+  and evict its pods through the Eviction API (PodDisruptionBudgets hold: a 429 leaves the pod for
+  a later round; DaemonSet and mirror pods stay; nothing is deleted), an Event for each action;
+  unless that would take the pool's share cordoned by health past `--max-cordoned-share`: then the
+  breaker holds it (a Warning Event on the node, once; `superkube_health_breaker_open{pool} 1`,
+  alert HealthAgentBreakerOpen) until a person looks or the share falls;
+- a node cordoned by health with pods a budget held back: evict again.
+A node counts as cordoned by health while it is unschedulable and carries that annotation: a node
+repaired and uncordoned by hand is history. Pods are listed only for the node being drained
+(field selector `spec.nodeName`).
+
+What it may do is enforced in the cluster: the ValidatingAdmissionPolicies
+`superkube-node-health-controller-nodes` (only nodes their agent reported fatal; cordon, never
+uncordon; its two annotations) and `superkube-node-health-evictions` (workload namespaces only).
+
+Metrics on port 9465: `superkube_health_cordoned_nodes{pool}`, `superkube_health_breaker_open{pool}`,
+`superkube_health_actions_total{action, dry_run}`, `superkube_health_leader`,
+`superkube_health_controller_api_up`. The non-leader exports no pool figures.
+
+Run: python -m superkube.agents.health_controller --pools gpu-a,gpu-b [--max-cordoned-share 0.05]
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from superkube.agents.informer import Informer
+from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, serve
+from superkube.agents.node_health import (
+    ANNOTATION,
+    ANNOTATION_AT,
+    VERDICT_ANNOTATION,
+    Decision,
+    cordon_patch,
+    cordoned_by_us,
+    decide,
+    in_preflight,
+    reported,
+)
+from superkube.cluster.cloudinit import POOL_LABEL
+from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+
+COMPONENT = "superkube-node-health-controller"
+LEASE = COMPONENT
+log = logging.getLogger(COMPONENT)
+_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION)
+
+
+def slim(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller keeps of a Node: a few hundred bytes, not its ~13 KB."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    notes = meta.get("annotations") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "labels": {POOL_LABEL: (meta.get("labels") or {}).get(POOL_LABEL, "")},
+            "annotations": {k: notes[k] for k in _KEPT if k in notes},
+        },
+        "spec": {
+            "unschedulable": bool(spec.get("unschedulable")),
+            "taints": [t for t in spec.get("taints") or [] if t.get("key") == PREFLIGHT_TAINT_KEY],
+        },
+    }
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.cordoned = Gauge(
+            "superkube_health_cordoned_nodes", "Nodes of the pool cordoned by health.", ["pool"], registry=r
+        )
+        self.breaker = Gauge(
+            "superkube_health_breaker_open",
+            "1 while the breaker keeps health from cordoning in the pool.",
+            ["pool"],
+            registry=r,
+        )
+        self.actions = Counter(
+            "superkube_health_actions",
+            "Actions taken (or logged, in dry-run).",
+            ["action", "dry_run"],
+            registry=r,
+        )
+        self.leader = Gauge("superkube_health_leader", "1 while this replica leads.", registry=r)
+        self.api_up = Gauge(
+            "superkube_health_controller_api_up", "1 when the last round reached the API server.", registry=r
+        )
+
+
+@dataclass
+class Controller:
+    kube: Any  # Kube, or anything with its methods
+    nodes: Callable[[], dict[str, dict[str, Any]]]
+    """the GPU nodes as last seen, slim (the watch; in tests anything that returns them)"""
+    pools: frozenset[str]
+    max_cordoned_share: float
+    lead: Callable[[], bool] = lambda: True
+    dry_run: bool = False
+    metrics: Metrics = field(default_factory=Metrics)
+    held: set[str] = field(default_factory=set)  # nodes the breaker holds, warned about once
+    draining: set[str] | None = None  # cordoned nodes with pods left; None: not known yet (a new leader)
+
+    def round(self) -> dict[str, Decision]:
+        """One pass as the leader; what was decided, by node (nothing when not leading)."""
+        if not self.lead():
+            self.metrics.leader.set(0)
+            self.metrics.cordoned.clear()
+            self.metrics.breaker.clear()
+            self.draining = None
+            return {}
+        self.metrics.leader.set(1)
+        nodes = self.nodes()
+        self.metrics.api_up.set(1)
+        pools: dict[str, list[dict[str, Any]]] = {pool: [] for pool in self.pools}
+        for node in nodes.values():
+            pool = node["metadata"]["labels"].get(POOL_LABEL, "")
+            if pool in pools:
+                pools[pool].append(node)
+        if self.draining is None:  # a new leader: any node health cordoned may still hold pods
+            self.draining = {n["metadata"]["name"] for ns in pools.values() for n in ns if cordoned_by_us(n)}
+        done: dict[str, Decision] = {}
+        for pool, members in sorted(pools.items()):
+            done.update(self._pool(pool, sorted(members, key=lambda n: n["metadata"]["name"])))
+        return done
+
+    def _pool(self, pool: str, members: list[dict[str, Any]]) -> dict[str, Decision]:
+        assert self.draining is not None
+        done: dict[str, Decision] = {}
+        open_ = False
+        for i, node in enumerate(members):
+            name = node["metadata"]["name"]
+            verdict = reported(node)
+            if verdict is None or verdict.level != "fatal" or in_preflight(node):
+                self.held.discard(name)
+                continue
+            ours = cordoned_by_us(node)
+            if ours and name not in self.draining:
+                continue  # cordoned and drained in an earlier round: nothing to do
+            decision = decide(verdict, node, members, [], self.max_cordoned_share)
+            if decision.cordon or ours:  # only now are its pods worth a list
+                decision = decide(verdict, node, members, self.kube.pods_on(name), self.max_cordoned_share)
+            if decision.breaker_open:
+                open_ = True
+                if name in self.held:
+                    continue  # warned already
+                self.held.add(name)
+            else:
+                self.held.discard(name)
+            self._act(node, decision)
+            if decision.cordon:  # the breaker's count for the next node includes this one
+                members[i] = {**node, "spec": {**node["spec"], "unschedulable": True},
+                              "metadata": {**node["metadata"], "annotations": {
+                                  **node["metadata"]["annotations"], ANNOTATION: decision.cordon}}}  # fmt: skip
+            done[name] = decision
+        eligible = [n for n in members if not in_preflight(n)]
+        self.metrics.cordoned.labels(pool).set(sum(1 for n in eligible if cordoned_by_us(n)))
+        self.metrics.breaker.labels(pool).set(1 if open_ else 0)
+        return done
+
+    def _do(self, action: str, what: str, call: Callable[[], Any]) -> Any:
+        self.metrics.actions.labels(action, str(self.dry_run).lower()).inc()
+        if self.dry_run:
+            log.warning("dry-run: would %s", what)
+            return True
+        log.warning("%s", what)
+        return call()
+
+    def _act(self, node: Mapping[str, Any], decision: Decision) -> None:
+        assert self.draining is not None
+        name, at = node["metadata"]["name"], now()
+        if decision.breaker_open:
+            log.error("breaker open: %s", decision.events[0][2])
+        if decision.cordon:
+            body = cordon_patch(decision.cordon, at)
+            self._do("cordon", f"cordon {name}: {decision.cordon}", lambda: self.kube.patch_node(name, body))
+        held = False
+        for pod in decision.evict:
+            if not self._do("evict", f"evict {pod.namespace}/{pod.name} from {name}",
+                            functools.partial(self.kube.evict, pod)):  # fmt: skip
+                held = True
+                self.metrics.actions.labels("evict_blocked", "false").inc()
+                log.warning(
+                    "a PodDisruptionBudget holds %s/%s; trying again next round", pod.namespace, pod.name
+                )
+        if held:
+            self.draining.add(name)
+        else:
+            self.draining.discard(name)
+        for type_, reason, message in decision.events:
+            body = event(node, COMPONENT, type_, reason, message, at)
+            self._do("event", f"event {reason} on {name}", functools.partial(self.kube.create_event, body))
+
+
+def _args(argv: list[str] | None) -> Any:
+    p = base_parser("health_controller", (__doc__ or "").splitlines()[0], NODE_AGENTS_METRICS_PORT, 10.0)
+    p.add_argument("--pools", required=True, help="the GPU pools it looks after, comma-separated")
+    p.add_argument("--max-cordoned-share", type=float, default=0.05)
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "superkube-system"),
+                   help="where its Lease lives (env POD_NAMESPACE)")  # fmt: skip
+    p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()),
+                   help="this replica's name in the Lease (env POD_NAME)")  # fmt: skip
+    args = p.parse_args(argv)
+    if not 0 < args.max_cordoned_share <= 1:
+        p.error(f"--max-cordoned-share must be in (0, 1]; got {args.max_cordoned_share}")
+    args.pool_set = frozenset(x.strip() for x in args.pools.split(",") if x.strip())
+    if not args.pool_set:
+        p.error("--pools names no pool")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from superkube.agents.leader import Lease
+
+    args = _args(argv)
+    log_to_stderr(COMPONENT)
+    metrics = Metrics()
+    kube = connect(COMPONENT, args, metrics.registry)
+    if kube is None:
+        return 2
+    stop, changed = threading.Event(), threading.Event()
+    selector = f"{POOL_LABEL} in ({','.join(sorted(args.pool_set))})"
+    watch = Informer(kube.core.list_node, slim=slim, label_selector=selector,
+                     on_change=lambda name, obj: changed.set())  # fmt: skip
+    lease = Lease(kube.coordination, args.namespace, LEASE, args.identity)
+
+    def nodes() -> dict[str, dict[str, Any]]:
+        watch.ensure(stop)
+        return watch.items()
+
+    controller = Controller(kube, nodes, args.pool_set, args.max_cordoned_share, lease.try_lead,
+                            args.dry_run, metrics)  # fmt: skip
+
+    def one_round() -> bool:
+        controller.round()
+        changed.wait(args.interval)  # a change brings the next round forward
+        changed.clear()
+        return False
+
+    try:
+        serve(one_round, metrics.api_up, log, 1.0, args.max_backoff, args.rounds)
+    finally:
+        watch.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

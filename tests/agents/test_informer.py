@@ -1,0 +1,148 @@
+"""Watches and leases against the real API server: an informer lists once and then follows changes,
+resumes a watch that ends from where it was (no second list), lists again only on 410 Gone; the
+team reconciler and the health controller follow nodes that way; one of two candidates leads, and
+the other takes over once the leader stops renewing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from superkube.agents import team_taints
+from superkube.agents.informer import Gone, Informer
+from superkube.agents.kubeapi import Kube
+from superkube.agents.leader import Lease
+from superkube.lab.apiserver import LocalApi
+from superkube.model import teams
+from tests.agents.conftest import admin, make_node, unique
+
+
+def wait_for(what: str, check: Any, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_watch_that_ends_resumes_from_where_it_was_without_listing_again(api: LocalApi) -> None:
+    pool = unique("inf")
+    for i in range(3):
+        make_node(api, f"{pool}-{i}", {"superkube.io/pool": pool})
+    kube = Kube(str(api.kubeconfig))
+    watch = Informer(kube.core.list_node, label_selector=f"superkube.io/pool={pool}")
+    watch.sync()
+    assert sorted(watch.items()) == [f"{pool}-{i}" for i in range(3)]
+    stop = threading.Event()
+
+    def follow() -> None:  # watches that the server ends after a second each, resumed each time
+        while not stop.is_set():
+            watch.watch_once(timeout_s=1)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        time.sleep(2.5)  # at least two watches have ended and been resumed
+        make_node(api, f"{pool}-3", {"superkube.io/pool": pool})
+        admin(api).delete_node(f"{pool}-0")
+        admin(api).patch_node(f"{pool}-1", {"metadata": {"labels": {"rack": "r9"}}})
+        wait_for("the changes", lambda: f"{pool}-3" in watch.items() and f"{pool}-0" not in watch.items())
+        wait_for(
+            "the label", lambda: (watch.get(f"{pool}-1") or {})["metadata"]["labels"].get("rack") == "r9"
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+    assert watch.lists == 1 and watch.watches >= 3  # followed by watches alone
+
+
+class Replay:
+    """A lister whose watch says 410 Gone once (history compacted away), then behaves."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.gone = real, True
+
+    def __call__(self, **kw: Any) -> Any:
+        if kw.get("watch") and self.gone:
+            self.gone = False
+            return _Raw(
+                [json.dumps({"type": "ERROR", "object": {"code": 410, "message": "too old"}}).encode()]
+            )
+        return self.real(**kw)
+
+
+class _Raw:
+    def __init__(self, lines: list[bytes]) -> None:
+        self.lines = lines
+
+    def stream(self, *args: Any, **kw: Any) -> Any:
+        yield b"\n".join(self.lines) + b"\n"
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_only_410_gone_makes_it_list_again(api: LocalApi) -> None:
+    pool = unique("gone")
+    make_node(api, f"{pool}-0", {"superkube.io/pool": pool})
+    kube = Kube(str(api.kubeconfig))
+    watch = Informer(Replay(kube.core.list_node), label_selector=f"superkube.io/pool={pool}")
+    watch.sync()
+    with pytest.raises(Gone):
+        watch.watch_once(timeout_s=1)
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+    watch.resource_version = ""  # as run() does on Gone
+    thread.start()
+    try:
+        wait_for("the second list", lambda: watch.lists == 2)
+        make_node(api, f"{pool}-1", {"superkube.io/pool": pool})
+        wait_for("the new node", lambda: f"{pool}-1" in watch.items())
+    finally:
+        watch.close()
+    assert watch.lists == 2
+
+
+def test_the_team_reconciler_follows_nodes_by_watch(api: LocalApi, tmp_path: Path) -> None:
+    config = tmp_path / "teams.yaml"
+    rack = unique("rack")
+    config.write_text(yaml.safe_dump([{"selector": {"rack": rack}, "team": "research", "priority": 0}]))
+    kube = Kube(str(api.kubeconfig))
+    nodes = team_taints.WatchedNodes(kube, threading.Event())
+    reconciler = team_taints.Reconciler(config, nodes)
+    try:
+        reconciler.round()
+        name = unique("late")
+        make_node(api, name, {"rack": rack})  # joins after the list: the watch brings it
+        wait_for("the watch", lambda: nodes.watch.get(name) is not None)
+        assert reconciler.round().get("add") == 1
+        assert teams.taint("research") in kube.node(name)["spec"]["taints"]
+        assert nodes.watch.lists == 1
+        slim = nodes.watch.get(name) or {}
+        assert set(slim) == {"metadata", "spec"} and "status" not in slim  # kept slim
+    finally:
+        nodes.watch.close()
+
+
+def test_one_of_two_candidates_leads_and_the_other_takes_over_when_it_stops(api: LocalApi) -> None:
+    from kubernetes import client, config
+
+    coordination = client.CoordinationV1Api(config.new_client_from_config(config_file=str(api.kubeconfig)))
+    name = unique("lease")
+    a = Lease(coordination, "default", name, "replica-a", duration_s=2)
+    b = Lease(coordination, "default", name, "replica-b", duration_s=2)
+    assert a.try_lead() and not b.try_lead()
+    assert a.try_lead() and not b.try_lead()  # a renews; b has seen a renew: not expired
+    # a stops renewing (its pod is gone); b waits out the duration by its own clock, then takes over
+    deadline = time.monotonic() + 10
+    while not b.try_lead():
+        assert time.monotonic() < deadline, "b never took over"
+        time.sleep(0.3)
+    held = coordination.read_namespaced_lease(name, "default").spec
+    assert held.holder_identity == "replica-b" and held.lease_transitions == 1
+    assert not a.try_lead() and not a.leading  # a, back, finds b renewing
