@@ -133,7 +133,7 @@ def reconciler(args: TeamCapacityArgs) -> list[Manifest]:
             COMPONENT,
             NAMESPACE,
             [
-                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
             ],
         ),

@@ -146,3 +146,50 @@ def test_one_of_two_candidates_leads_and_the_other_takes_over_when_it_stops(api:
     held = coordination.read_namespaced_lease(name, "default").spec
     assert held.holder_identity == "replica-b" and held.lease_transitions == 1
     assert not a.try_lead() and not a.leading  # a, back, finds b renewing
+
+
+def test_a_refused_watch_is_said_every_round_not_served_stale(api: LocalApi) -> None:
+    """An account that may list nodes but not watch them (a role missing `watch`): the list works,
+    the watch is refused, and from then on each round fails with the server's answer instead of
+    going on with a store that never changes again."""
+    from kubernetes.client.exceptions import ApiException
+
+    from tests.agents.conftest import apply, identity, namespace
+
+    ns = namespace(api, unique("nowatch"))
+    account = "lister"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": f"{ns}-lister"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{ns}-lister"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{ns}-lister"},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
+    }
+    node = unique("n")
+    make_node(api, node)
+    apply(api, role, binding)
+    kubeconfig = identity(api, ns, account, node)
+    kube = Kube(str(kubeconfig))
+    watch = Informer(kube.core.list_node)
+    stop = threading.Event()
+    deadline = time.monotonic() + 15
+    while True:  # the new role takes a moment to apply
+        try:
+            watch.ensure(stop)
+            break
+        except ApiException:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    try:
+        wait_for("the refused watch", lambda: watch._refused is not None)
+        with pytest.raises(ApiException) as refused:
+            watch.ensure(stop)
+        assert refused.value.status == 403
+    finally:
+        watch.close()

@@ -437,3 +437,33 @@ def test_the_dcgm_exporter_url_reaches_both_agents_with_the_nodes_address(
     assert not any(
         a.startswith("--dcgm-url") for a in default["spec"]["template"]["spec"]["containers"][0]["command"]
     )
+
+
+def test_the_health_controller_leads_one_at_a_time_and_is_scraped_with_the_agents(any_plan: Plan) -> None:
+    from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
+    from superkube.cluster.monitoring import jobs
+
+    (deployment,) = [
+        d
+        for d in of_kind(any_plan, "Deployment")
+        if d["metadata"]["name"] == "superkube-node-health-controller"
+    ]
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert deployment["spec"]["replicas"] == 2  # one leads by its Lease, one stands by
+    env = {e["name"] for e in container["env"]}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= env  # its identity in the Lease, and where the Lease lives
+    (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == agents_job.pods_of
+    assert container["ports"] == [{"name": "metrics", "containerPort": NODE_AGENTS_METRICS_PORT}]
+    (lease_role,) = [
+        r for r in of_kind(any_plan, "Role") if r["metadata"]["name"].startswith("superkube-node-health")
+    ]
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    # every watcher of nodes may watch them (a role without `watch` leaves a store that never changes)
+    roles = {r["metadata"]["name"]: r for r in of_kind(any_plan, "ClusterRole")}
+    for name in ("superkube-node-health", "superkube-node-health-controller", "superkube-team-taints"):
+        verbs = {v for rule in roles[name]["rules"] if "nodes" in rule["resources"] for v in rule["verbs"]}
+        assert {"list", "watch"} <= verbs, name

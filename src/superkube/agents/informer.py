@@ -63,6 +63,7 @@ class Informer:
         self.synced = threading.Event()
         self._thread: threading.Thread | None = None
         self._raw: Any = None  # the watch response being read
+        self._refused: Exception | None = None  # the server's refusal of the last watch, if it refused
         self._stop: threading.Event | None = None
 
     # --- reading --------------------------------------------------------------------------------
@@ -80,6 +81,8 @@ class Informer:
     def ensure(self, stop: threading.Event) -> None:
         """The first time: list (raising what the server said, for the caller's backoff), then follow
         on a daemon thread. After that: nothing (the thread keeps the store current)."""
+        if self._refused is not None:
+            raise self._refused  # the watch is refused (a missing permission): say so every round
         if self._thread is not None:
             return
         self._stop = stop
@@ -121,6 +124,7 @@ class Informer:
                           timeout_seconds=timeout_s, _preload_content=False, _request_timeout=(10, timeout_s + 30),
                           **self.selectors)  # fmt: skip
         self._raw = raw
+        self._refused = None
         try:
             for line in _lines(raw):
                 self._apply(json.loads(line))
@@ -178,10 +182,18 @@ class Informer:
             except Exception as e:  # a dropped connection, a restart: resume from where it was
                 if stop.is_set():
                     return
+                if _refusal(e):  # not a network fault: the store goes stale until it is fixed
+                    self._refused = e
                 log.warning("watch ended (%s); resuming from %s in %.0f s", str(e).splitlines()[0][:200],
                             self.resource_version or "a new list", delay)  # fmt: skip
                 stop.wait(delay)
                 delay = min(delay * 2, max_retry_s)
+
+
+def _refusal(exc: BaseException) -> bool:
+    """The server said no (403 and the like), as opposed to being away or asking for patience."""
+    status = getattr(exc, "status", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (408, 410, 429)
 
 
 def _lines(raw: Any) -> Iterator[bytes]:
