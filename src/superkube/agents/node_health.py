@@ -139,8 +139,7 @@ def decide(
     if after > max_cordoned_share:
         message = (
             f"not cordoning: {cordoned + 1} of {len(eligible)} nodes past preflight in this pool would be "
-            f"cordoned by the health agent ({after:.0%} > {max_cordoned_share:.0%}); fatal: "
-            f"{_summary(verdict, 'fatal')}"
+            f"cordoned by health ({after:.1%} > {max_cordoned_share:.1%}); {_summary(verdict, 'fatal')}"
         )[:MAX_MESSAGE]
         return Decision(
             events=(("Warning", "HealthBreakerOpen", message),), breaker_open=True, cordoned_share=share
