@@ -193,3 +193,15 @@ def test_a_refused_watch_is_said_every_round_not_served_stale(api: LocalApi) -> 
         assert refused.value.status == 403
     finally:
         watch.close()
+
+
+def test_a_leader_that_stops_cleanly_hands_over_at_once(api: LocalApi) -> None:
+    from kubernetes import client, config
+
+    coordination = client.CoordinationV1Api(config.new_client_from_config(config_file=str(api.kubeconfig)))
+    name = unique("lease")
+    a = Lease(coordination, "default", name, "replica-a", duration_s=60)
+    b = Lease(coordination, "default", name, "replica-b", duration_s=60)
+    assert a.try_lead() and not b.try_lead()
+    a.release()  # its pod is stopping (a rolling update): no minute-long wait for b
+    assert b.try_lead() and not a.leading

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -264,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         changed.clear()
         return False
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a pod's stop: release the lease on the way out
     try:
         serve(one_round, metrics.api_up, log, 1.0, args.max_backoff, args.rounds)
     finally:
         watch.close()
+        lease.release()
     return 0
 
 

@@ -87,6 +87,25 @@ class Lease:
             raise
         return self._won("renewed" if mine else f"taken over from {holder or 'nobody'}")
 
+    def release(self) -> None:
+        """Give the lease up (on a clean stop, e.g. a rolling update), so the other candidate need
+        not wait out its duration. Best effort: a failure leaves it to expire."""
+        if not self.leading:
+            return
+        try:
+            lease = self.coordination.read_namespaced_lease(self.name, self.namespace, _request_timeout=5)
+            if lease.spec.holder_identity == self.identity:
+                lease.spec.holder_identity = None
+                lease.spec.renew_time = None
+                lease.spec.acquire_time = None
+                self.coordination.replace_namespaced_lease(
+                    self.name, self.namespace, lease, _request_timeout=5
+                )
+                log.warning("%s released the lease %s/%s", self.identity, self.namespace, self.name)
+        except Exception as e:  # best effort
+            log.warning("could not release the lease (%s); it expires in %d s", str(e)[:200], self.duration_s)
+        self.leading = False
+
     def _won(self, how: str) -> bool:
         if not self.leading:
             log.warning("%s leads (lease %s/%s %s)", self.identity, self.namespace, self.name, how)
