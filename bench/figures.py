@@ -134,6 +134,7 @@ def summary_table() -> str:
             " / ".join(f"{hook[f'in_flight_{n}']['p99_ms']:.2f}" for n in (1, 4, 32)) + " ms",
             "team_webhook.json",
         ),
+        *_agents_rows(),
         (
             "`superkube lab build` from empty caches: etcd / Kubernetes / scheduler-plugins; in all",
             " / ".join(
@@ -150,6 +151,42 @@ def summary_table() -> str:
         ),
     ]
     return _table(("figure", "value", "from"), rows)
+
+
+def _agents_rows() -> list[tuple[str, str, str]]:
+    """The node agents at the largest fleet measured (bench/agents_at_scale.py)."""
+    scale = results("agents_at_scale")
+    sizes = scale["sizes"]
+    top = sizes[-1]
+    n = f"{top['nodes']:,}"
+    curve = " / ".join(f"{row['controller_peak_rss_mib']:.0f}" for row in sizes)
+    counts = " / ".join(f"{row['nodes']:,}" for row in sizes)
+    return [
+        (
+            f"health controller's peak RSS at {counts} real Nodes "
+            f"(~{scale['node_json_bytes'] / 1000:.0f} KB each)",
+            f"{curve} MiB (limit 512 MiB)",
+            "agents_at_scale.json",
+        ),
+        (
+            f"at {n} nodes: the controller's requests a minute at steady state; in a {scale['fault_share']:.0%} "
+            "fault burst (all requests)",
+            f"{top['controller_steady_requests_per_min']:.0f}; {top['controller_burst_requests']:,} for "
+            f"{top['reports']} reports, {top['cordoned']} cordons (breaker allows {top['breaker_allowed']})",
+            "agents_at_scale.json",
+        ),
+        (
+            f"at {n} nodes: from one fatal report to its cordon; from {top['reports']} at once to the last cordon",
+            f"{top['one_report_to_cordon_s']:.1f} s; {top['report_to_last_cordon_s']:.1f} s",
+            "agents_at_scale.json",
+        ),
+        (
+            f"at {n} nodes: one health agent's peak RSS and requests a minute; the team reconciler's",
+            f"{top['agent_peak_rss_mib']:.0f} MiB, {top['agent_requests_per_min']:.0f}; "
+            f"{top['team_reconciler_peak_rss_mib']:.0f} MiB, {top['team_reconciler_requests_per_min']:.0f}",
+            "agents_at_scale.json",
+        ),
+    ]
 
 
 def monitoring_table() -> str:
