@@ -58,8 +58,8 @@ HEALTH_FENCE = "superkube-node-health-own-node"
 HEALTH_CONTROLLER = "superkube-node-health-controller"
 CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
-# where the health agent may never evict: the control plane's add-ons and the agents themselves
-PROTECTED_NAMESPACES = ("kube-system", NAMESPACE)
+# where health may never evict: the control plane's add-ons and superkube's own pods
+PROTECTED_NAMESPACES = node_health_agent.PROTECTED_NAMESPACES
 Agent = Literal["health", "preflight"]
 Fenced = Literal["preflight", "gpu-test", "health", "health-controller"]
 SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
@@ -239,6 +239,13 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             f"&& {old_notes}.all(k, k in {notes})",
             "message": f"{who} may only set the {' and '.join(f.annotations)} annotation"
             + ("s" if len(f.annotations) > 1 else ""),
+        },
+        {
+            "expression": " && ".join(
+                f"{_or_empty(f'object.metadata.{k}', '[]')} == {_or_empty(f'oldObject.metadata.{k}', '[]')}"
+                for k in ("ownerReferences", "finalizers")
+            ),
+            "message": f"{who} may not change the node's owners or finalizers",
         },
         {
             "expression": f"!{was_cordoned} || {cordoned}"

@@ -48,7 +48,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from superkube.agents.informer import Informer
-from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, serve
+from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, refused, serve
 from superkube.agents.node_health import (
     ANNOTATION,
     ANNOTATION_AT,
@@ -175,6 +175,10 @@ class Controller:
                 self.held.add(name)
             else:
                 self.held.discard(name)
+            if not self.lead():  # a long round must not outlive the lease: another may lead by now
+                log.warning("lost the lease mid-round; stopping")
+                self.draining = None
+                return done
             self._act(node, decision)
             if decision.cordon:  # the breaker's count for the next node includes this one
                 members[i] = {**node, "spec": {**node["spec"], "unschedulable": True},
@@ -202,18 +206,28 @@ class Controller:
         if decision.cordon:
             body = cordon_patch(decision.cordon, at)
             self._do("cordon", f"cordon {name}: {decision.cordon}", lambda: self.kube.patch_node(name, body))
+        if decision.cordon or decision.evict:
+            self.draining.add(name)  # until every pod is out: a later round tries what is left
         held = False
         for pod in decision.evict:
-            if not self._do("evict", f"evict {pod.namespace}/{pod.name} from {name}",
-                            functools.partial(self.kube.evict, pod)):  # fmt: skip
+            try:
+                moving = self._do("evict", f"evict {pod.namespace}/{pod.name} from {name}",
+                                  functools.partial(self.kube.evict, pod))  # fmt: skip
+            except Exception as exc:  # a refusal is this pod's: the others go on
+                answer = refused(exc)
+                if not answer:
+                    raise  # the API server is away: the round backs off, the node stays draining
+                self.metrics.actions.labels("evict_refused", "false").inc()
+                log.error("the API server refused the eviction of %s/%s: %s", pod.namespace, pod.name, answer)
+                held = True
+                continue
+            if not moving:
                 held = True
                 self.metrics.actions.labels("evict_blocked", "false").inc()
                 log.warning(
                     "a PodDisruptionBudget holds %s/%s; trying again next round", pod.namespace, pod.name
                 )
-        if held:
-            self.draining.add(name)
-        else:
+        if not held:
             self.draining.discard(name)
         for type_, reason, message in decision.events:
             body = event(node, COMPONENT, type_, reason, message, at)

@@ -29,6 +29,7 @@ class Lease:
     _seen: tuple[str, str] | None = field(default=None, init=False)  # (holder, renewTime) last read
     _seen_at: float = field(default=0.0, init=False)  # when that record was first seen (monotonic)
     leading: bool = field(default=False, init=False)
+    _renewed_at: float = field(default=0.0, init=False)  # when this candidate last renewed (monotonic)
 
     def _body(self, transitions: int, acquired: str, version: str | None) -> dict[str, Any]:
         now = _micro(datetime.now(UTC))
@@ -53,6 +54,8 @@ class Lease:
         a lease another holds is False; the API server being away raises (the caller backs off)."""
         from kubernetes.client.exceptions import ApiException
 
+        if self.leading and time.monotonic() - self._renewed_at < self.duration_s / 3:
+            return True  # renewed a moment ago: callers may ask before every action
         try:
             lease = self.coordination.read_namespaced_lease(self.name, self.namespace, _request_timeout=10)
         except ApiException as e:
@@ -107,6 +110,7 @@ class Lease:
         self.leading = False
 
     def _won(self, how: str) -> bool:
+        self._renewed_at = time.monotonic()
         if not self.leading:
             log.warning("%s leads (lease %s/%s %s)", self.identity, self.namespace, self.name, how)
         self.leading = True

@@ -49,7 +49,7 @@ from superkube.agents.kubeapi import (
     run_agent,
     stamp,
 )
-from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
+from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT, SYSTEM_NAMESPACE
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-node-health"
@@ -58,6 +58,9 @@ ANNOTATION_AT = "superkube.io/health-cordoned-at"
 VERDICT_ANNOTATION = "superkube.io/health-verdict"  # the node's agent's last verdict, with its reasons
 VERDICT_AT = "superkube.io/health-verdict-at"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+# never drained by health (and its eviction policy refuses them): the cluster's add-ons and
+# superkube's own pods (agents, balloons), which a node's drain does not need moved
+PROTECTED_NAMESPACES = ("kube-system", SYSTEM_NAMESPACE)
 
 log = logging.getLogger(COMPONENT)
 
@@ -93,10 +96,12 @@ def cordoned_by_us(node: Mapping[str, Any]) -> bool:
 
 def evictable(pods: Iterable[Mapping[str, Any]]) -> tuple[PodRef, ...]:
     """The pods a drain moves: not DaemonSet pods (they come back), not mirror pods (the kubelet's
-    own), not pods that have finished."""
+    own), not pods that have finished, none in the protected namespaces."""
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
+        if meta.get("namespace", "default") in PROTECTED_NAMESPACES:
+            continue
         owners = meta.get("ownerReferences") or []
         if any(o.get("kind") == "DaemonSet" for o in owners):
             continue
