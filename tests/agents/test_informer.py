@@ -86,6 +86,9 @@ class _Raw:
     def release_conn(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def test_only_410_gone_makes_it_list_again(api: LocalApi) -> None:
     pool = unique("gone")

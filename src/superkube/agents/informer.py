@@ -81,8 +81,8 @@ class Informer:
     def ensure(self, stop: threading.Event) -> None:
         """The first time: list (raising what the server said, for the caller's backoff), then follow
         on a daemon thread. After that: nothing (the thread keeps the store current)."""
-        if self._refused is not None:
-            raise self._refused  # the watch is refused (a missing permission): say so every round
+        if self._refused is not None:  # the watch is refused (a missing permission): say so every round
+            raise self._refused.with_traceback(None)
         if self._thread is not None:
             return
         self._stop = stop
@@ -125,11 +125,18 @@ class Informer:
                           **self.selectors)  # fmt: skip
         self._raw = raw
         self._refused = None
+        if self._stop is not None and self._stop.is_set():  # closed while this watch was being opened
+            raw.close()
+            return
+        done = False
         try:
             for line in _lines(raw):
                 self._apply(json.loads(line))
+            done = True
         finally:
             self._raw = None
+            if not done:
+                raw.close()  # a half-read response never goes back to the pool
             raw.release_conn()
 
     def close(self, wait_s: float = 5.0) -> None:
@@ -160,12 +167,14 @@ class Informer:
         name = key(obj)
         slim = None if kind == "DELETED" else self.slim(dict(obj))
         with self._lock:
+            before = self._store.get(name)
             if slim is None:
                 self._store.pop(name, None)
             else:
                 self._store[name] = slim
             self.resource_version = version or self.resource_version
-        self.on_change(name, slim)
+        if slim != before:  # a kubelet's status heartbeat changes nothing a slim copy keeps: no news
+            self.on_change(name, slim)
 
     def run(self, stop: threading.Event, retry_s: float = 1.0, max_retry_s: float = 30.0) -> None:
         """Follow until `stop`: list when there is no resourceVersion (or on 410), else watch."""
@@ -182,6 +191,10 @@ class Informer:
             except Exception as e:  # a dropped connection, a restart: resume from where it was
                 if stop.is_set():
                     return
+                if getattr(e, "status", None) == 410:  # Gone said as the response's status, not an event
+                    log.warning("watch history gone (410); listing again")
+                    self.resource_version = ""
+                    continue
                 if _refusal(e):  # not a network fault: the store goes stale until it is fixed
                     self._refused = e
                 log.warning("watch ended (%s); resuming from %s in %.0f s", str(e).splitlines()[0][:200],
