@@ -253,7 +253,7 @@ def webhook_entries(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> lis
     owners = sorted({t.team for t in args.tuples} - {teams.ANY})
     outside = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": list(args.excluded_namespaces)}
 
-    def entry(name: str, path: str, selector: Manifest) -> Manifest:
+    def entry(name: str, path: str, selector: Manifest | None) -> Manifest:
         return {
             "name": name,
             "admissionReviewVersions": ["v1"],
@@ -263,7 +263,7 @@ def webhook_entries(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> lis
             },
             "rules": [
                 {
-                    "operations": ["CREATE"],
+                    "operations": ["CREATE", "UPDATE"],
                     "apiGroups": [""],
                     "apiVersions": ["v1"],
                     "resources": ["pods"],
@@ -275,7 +275,7 @@ def webhook_entries(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> lis
             "sideEffects": "None",
             "timeoutSeconds": args.timeout_seconds,
             "reinvocationPolicy": "IfNeeded",
-            "namespaceSelector": {"matchExpressions": [outside, selector]},
+            "namespaceSelector": {"matchExpressions": [outside, *([selector] if selector else [])]},
         }
 
     return [
@@ -287,8 +287,12 @@ def webhook_entries(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> lis
             )
             for team in owners
         ),
+        # no team: unlabelled, or a team the configuration does not name (NotIn matches both; with
+        # no team but `any` configured, every namespace is of no team)
         entry(
-            "teams.superkube.io", "/mutate", {"key": teams.TEAM_KEY, "operator": "NotIn", "values": owners}
+            "teams.superkube.io",
+            "/mutate",
+            {"key": teams.TEAM_KEY, "operator": "NotIn", "values": owners} if owners else None,
         ),
     ]
 

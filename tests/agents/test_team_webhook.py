@@ -107,21 +107,26 @@ def pod(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
     }
 
 
-def review_of(obj: dict[str, Any], operation: str = "CREATE", kind: str = "Pod") -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": kind},
-            "resource": {"group": "", "version": "v1", "resource": kind.lower() + "s"},
-            "namespace": "research",
-            "operation": operation,
-            "userInfo": {"username": "system:serviceaccount:kube-system:job-controller"},
-            "object": obj,
-            "dryRun": False,
-        },
+def review_of(
+    obj: dict[str, Any],
+    operation: str = "CREATE",
+    kind: str = "Pod",
+    old: dict[str, Any] | None = None,
+    user: str = "system:serviceaccount:kube-system:job-controller",
+) -> dict[str, Any]:
+    request = {
+        "uid": str(uuid.uuid4()),
+        "kind": {"group": "", "version": "v1", "kind": kind},
+        "resource": {"group": "", "version": "v1", "resource": kind.lower() + "s"},
+        "namespace": "research",
+        "operation": operation,
+        "userInfo": {"username": user},
+        "object": obj,
+        "dryRun": False,
     }
+    if operation == "UPDATE":
+        request["oldObject"] = old if old is not None else copy.deepcopy(obj)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
 def answer(server: Server, body: bytes | dict[str, Any], team: str | None = "research") -> dict[str, Any]:
@@ -328,3 +333,28 @@ def test_a_configuration_file_that_is_not_there_is_a_503_answer() -> None:
     body = json.dumps(review_of(copy.deepcopy(obj))).encode()
     response = team_webhook.review(body, config, "research")["response"]
     assert response["allowed"] is False and response["status"]["code"] == 503
+
+
+def test_an_update_may_not_add_what_a_creation_could_not_have(server: Server) -> None:
+    """Tolerations may be added to a pending pod: an update adding one the pod is not owed is
+    refused, as is a change of its team label; its own team's toleration and other changes pass."""
+    before = pod({teams.TEAM_KEY: "research"}, tolerations=[teams.toleration("research")])
+    stolen = {
+        **before,
+        "spec": {**before["spec"], "tolerations": [*before["spec"]["tolerations"], UNOWED[0]]},
+    }
+    refused = answer(server, review_of(stolen, "UPDATE", old=before))
+    assert refused["allowed"] is False and "reaches nodes" in refused["status"]["message"]
+    relabelled = {**before, "metadata": {**before["metadata"], "labels": {teams.TEAM_KEY: "pretraining"}}}
+    refused = answer(server, review_of(relabelled, "UPDATE", old=before))
+    assert refused["allowed"] is False and "may not change" in refused["status"]["message"]
+    annotated = {**before, "metadata": {**before["metadata"], "annotations": {"example.com/note": "x"}}}
+    assert answer(server, review_of(annotated, "UPDATE", old=before))["allowed"] is True
+
+
+def test_a_pod_may_not_name_its_node_unless_a_kubelet_makes_it(server: Server) -> None:
+    bound = pod(nodeName="gpu-b-1")
+    refused = answer(server, review_of(bound))
+    assert refused["allowed"] is False and "spec.nodeName is set" in refused["status"]["message"]
+    mirror = answer(server, review_of(bound, user="system:node:gpu-b-1"))
+    assert mirror["allowed"] is True

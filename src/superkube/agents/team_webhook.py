@@ -14,13 +14,17 @@ For a Pod CREATE:
 - refused (403, one line saying what to change): a toleration that reaches team nodes the pod is
   not owed (another team's, or a key-less `Exists`), a `superkube.io/team` label other than its
   namespace's team, a borrow label other than "true"/"false", borrowing by a pod of no team, a
-  namespace team the configuration does not name.
+  `spec.nodeName` set at creation (only the scheduler holds NoSchedule taints; mirror pods, made by
+  kubelets, pass). A namespace labelled with a team the configuration does not name has no entry
+  of its own: its pods are asked about as pods of no team.
+For a Pod UPDATE: refused if it adds a toleration the pod is not owed (tolerations can be added to
+a pending pod) or changes the team label; anything else passes unchanged.
 Nothing else in the pod is touched: Kueue's labels, annotations, scheduling gates and node
 selectors stay as they are, so the two can run side by side.
 
 Every answer is an AdmissionReview, never a server error:
 - not JSON, or not an AdmissionReview: denied, code 400, saying which;
-- not a Pod, or not a CREATE: allowed, unchanged (with a warning when not a Pod);
+- not a Pod, or neither CREATE nor UPDATE: allowed, unchanged (with a warning when not a Pod);
 - the configuration unreadable: denied, 503, naming the file (the pod's controller retries).
 
 The configuration is the mounted teams ConfigMap, reread when its file changes.
@@ -122,7 +126,8 @@ def review(body: bytes, config: Config, namespace_team: str | None = None) -> di
         return _answer(
             uid, True, warnings=[f"{COMPONENT} changes Pods only; this {kind or 'object'} is left as it is"]
         )
-    if request.get("operation") != "CREATE":
+    operation = request.get("operation")
+    if operation not in ("CREATE", "UPDATE"):
         return _answer(uid, True)
     pod = request.get("object")
     if not isinstance(pod, dict):
@@ -131,7 +136,58 @@ def review(body: bytes, config: Config, namespace_team: str | None = None) -> di
     labels = meta.get("labels") or {}
     name = meta.get("name") or meta.get("generateName") or "pod"
     where = f"{request.get('namespace') or meta.get('namespace') or '?'}/{name}"
-    return _decide(uid, where, labels, pod.get("spec") or {}, namespace_team, config)
+    spec = pod.get("spec") or {}
+    if operation == "UPDATE":
+        old_object = request.get("oldObject")
+        old: dict[str, Any] = old_object if isinstance(old_object, dict) else {}
+        return _decide_update(uid, where, old, labels, spec, namespace_team, config)
+    user = str((request.get("userInfo") or {}).get("username", ""))
+    if spec.get("nodeName") and not user.startswith("system:node:"):
+        # a pod bound at creation skips the scheduler, the only thing that holds NoSchedule taints
+        return _answer(
+            uid,
+            False,
+            code=403,
+            message=f"{where}: spec.nodeName is set ({spec['nodeName']}); outside the system namespaces pods are "
+            "placed by the scheduler, which holds team taints: use a nodeSelector or affinity instead",
+        )
+    return _decide(uid, where, labels, spec, namespace_team, config)
+
+
+def _decide_update(
+    uid: str,
+    where: str,
+    old: dict[str, Any],
+    labels: dict[str, Any],
+    spec: dict[str, Any],
+    team: str | None,
+    config: Config,
+) -> dict[str, Any]:
+    """An update may not add what a creation could not have: a toleration of nodes the pod is not
+    owed (tolerations may be added to a pending pod), or another team label."""
+    old_labels = (old.get("metadata") or {}).get("labels") or {}
+    if labels.get(teams.TEAM_KEY) != old_labels.get(teams.TEAM_KEY):
+        return _answer(
+            uid,
+            False,
+            code=403,
+            message=f"{where}: the {teams.TEAM_KEY} label may not change after creation; create a new pod",
+        )
+    had = list((old.get("spec") or {}).get("tolerations") or [])
+    added = [t for t in spec.get("tolerations") or [] if not _is_one_of(t, had)]
+    borrow = labels.get(teams.BORROW_LABEL, "false") == "true"
+    owed = teams.tolerations_for(team, borrow) if team and team in config.teams() else []
+    unowed = [t for t in added if teams.reaches_team_nodes(t) and not _is_one_of(t, owed)]
+    if unowed:
+        whose = f"team {team!r}" if team else "no team"
+        return _answer(
+            uid,
+            False,
+            code=403,
+            message=f"{where}: toleration {json.dumps(unowed[0], sort_keys=True)} reaches nodes its namespace's "
+            f"{whose} does not own; remove it",
+        )
+    return _answer(uid, True)
 
 
 def _decide(
