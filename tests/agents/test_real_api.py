@@ -513,3 +513,37 @@ def test_the_controller_as_its_service_account_leads_follows_and_cordons(
     assert len(lists) == 1, lists  # one list, then the watch
     assert any(r["verb"] == "watch" and "/nodes" in r["uri"] for r in requests)
     assert pods and all(f"spec.nodeName%3D{names[7]}" in r["uri"] for r in pods), pods
+
+
+def test_a_pending_pod_cannot_be_given_another_teams_toleration_nor_a_node(team_webhook_on: LocalApi) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    api = team_webhook_on
+    research = namespace(api, unique("research"), {teams.TEAM_KEY: "research"})
+    made = create_pod(api, research)
+    other = {"key": teams.TEAM_KEY, "operator": "Equal", "value": "pretraining", "effect": "NoSchedule"}
+    tolerations = [*(t.to_dict() for t in made.spec.tolerations or []), other]
+    body = [{"op": "replace", "path": "/spec/tolerations", "value": [
+        {k: v for k, v in t.items() if v is not None} for t in tolerations]}]  # fmt: skip
+    with pytest.raises(ApiException) as refused:
+        admin(api).patch_namespaced_pod(made.metadata.name, research, body)
+    assert refused.value.status == 403 and "reaches nodes" in json.loads(refused.value.body)["message"]
+    bound = create_pod(api, research, nodeName="some-node")
+    assert (
+        getattr(bound, "status", None) == 403 and "spec.nodeName is set" in json.loads(bound.body)["message"]
+    )
+
+
+def test_no_fenced_agent_may_give_a_node_an_owner(fenced: LocalApi) -> None:
+    """An ownerReference to an object that is not there gets the node deleted by the garbage
+    collector: the policies refuse owners and finalizers as they refuse any other change."""
+    node = unique("owned")
+    make_node(fenced, node)
+    agent = as_account(fenced, nh.COMPONENT, node)
+    owner = {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone",
+                                               "uid": "00000000-0000-0000-0000-000000000000"}]}}  # fmt: skip
+    assert "may not change the node's owners or finalizers" in refusal(lambda: agent.patch_node(node, owner))
+    finalizer = {"metadata": {"finalizers": ["example.com/hold"]}}
+    assert "may not change the node's owners or finalizers" in refusal(
+        lambda: agent.patch_node(node, finalizer)
+    )

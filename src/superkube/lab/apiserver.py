@@ -115,7 +115,10 @@ class LocalApi:
         out = []
         path = self.dir / "audit.log"
         for line in path.read_text().splitlines() if path.exists() else []:
-            entry = json.loads(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:  # the line being written as this reads
+                continue
             # a watch is counted when it starts (it completes only when it ends), anything else when done
             first = "ResponseStarted" if entry.get("verb") == "watch" else "ResponseComplete"
             if entry.get("user", {}).get("username") == user and entry.get("stage") == first:
@@ -200,28 +203,28 @@ def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) ->
     (d / "audit-policy.yaml").write_text(AUDIT_POLICY)
     etcd = f"http://127.0.0.1:{etcd_port}"
     peer = f"http://127.0.0.1:{peer_port}"
-    api.processes.append(_spawn(d, "etcd", [
-        str(built["etcd"].binary("etcd")), "--name=local", f"--data-dir={d / 'etcd'}",
-        f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}",
-        f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
-        f"--initial-cluster=local={peer}", "--unsafe-no-fsync", "--log-level=warn",
-    ]))  # fmt: skip
-    api.processes.append(_spawn(d, "kube-apiserver", [
-        str(built["kubernetes"].binary("kube-apiserver")),
-        f"--etcd-servers={etcd}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-        f"--secure-port={api_port}",
-        f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
-        f"--client-ca-file={pk / 'ca.crt'}",
-        f"--service-account-issuer={ISSUER}", f"--service-account-key-file={pk / 'sa.pub'}",
-        f"--service-account-signing-key-file={pk / 'sa.key'}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-        "--enable-bootstrap-token-auth=true", "--allow-privileged=true", "--profiling=false",
-        "--endpoint-reconciler-type=none",
-        f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={d / 'audit.log'}",
-        "--audit-log-mode=blocking", "--audit-log-format=json",
-    ]))  # fmt: skip
-    try:
+    try:  # whatever fails on the way, nothing is left running
+        api.processes.append(_spawn(d, "etcd", [
+            str(built["etcd"].binary("etcd")), "--name=local", f"--data-dir={d / 'etcd'}",
+            f"--listen-client-urls={etcd}", f"--advertise-client-urls={etcd}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=local={peer}", "--unsafe-no-fsync", "--log-level=warn",
+        ]))  # fmt: skip
+        api.processes.append(_spawn(d, "kube-apiserver", [
+            str(built["kubernetes"].binary("kube-apiserver")),
+            f"--etcd-servers={etcd}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
+            f"--client-ca-file={pk / 'ca.crt'}",
+            f"--service-account-issuer={ISSUER}", f"--service-account-key-file={pk / 'sa.pub'}",
+            f"--service-account-signing-key-file={pk / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--enable-bootstrap-token-auth=true", "--allow-privileged=true", "--profiling=false",
+            "--endpoint-reconciler-type=none",
+            f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={d / 'audit.log'}",
+            "--audit-log-mode=blocking", "--audit-log-format=json",
+        ]))  # fmt: skip
         _wait_ready(api, time.monotonic() + READY_TIMEOUT_S)
     except BaseException:
         api.stop()
