@@ -5,6 +5,7 @@
 #   iptables           the lab's switch and the exporter tests (iptables-save/-restore)
 #   kubernetes-client  kubectl, which parses the kubeconfigs the roles write (unless one is installed)
 #   openssl            verifies the certificates the roles issue
+#   gcc, libc6-dev, pkg-config, libseccomp-dev   the lab's build of runc (cgo: its nsenter and seccomp)
 #   curl               requests to the lab's API server that kubectl cannot make (impersonated node
 #                      identities, the flow-control response headers)
 #   promtool, prometheus   from Debian's prometheus package, unpacked into .tools/bin without installing
@@ -15,7 +16,7 @@
 #                      libraries (liblua5.3-0, libopentracing-c-wrapper0) are installed as packages
 set -euo pipefail
 packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl
-  curl liblua5.3-0 libopentracing-c-wrapper0)
+  curl liblua5.3-0 libopentracing-c-wrapper0 gcc libc6-dev pkg-config libseccomp-dev)
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 missing=()
 for p in "${packages[@]}"; do

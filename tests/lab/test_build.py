@@ -50,7 +50,14 @@ def test_every_pinned_component_is_built_at_its_pin(built: list[dict[str, Any]])
     assert entries["scheduler-plugins"]["version"] == gang.scheduler_plugins_version(release["version"])
     assert set(entries["etcd"]["binaries"]) == {"etcd", "etcdctl"}
     assert set(entries["kubernetes"]["binaries"]) == {"kube-apiserver", "kube-controller-manager", "kubectl"}
+    assert entries["kubernetes-node"]["version"] == "v1.35.0"
+    assert set(entries["kubernetes-node"]["binaries"]) == {"kubelet", "kube-proxy"}
     assert set(entries["scheduler-plugins"]["binaries"]) == {"kube-scheduler"}
+    # the node's runtime at the release file's pins; kwok at the lab's
+    assert entries["containerd"]["version"] == f"v{release['runtime']['containerd']['version']}"
+    assert set(entries["containerd"]["binaries"]) == set(release["runtime"]["containerd"]["binaries"])
+    assert entries["runc"]["version"] == f"v{release['runtime']['runc']['version']}"
+    assert entries["kwok"]["version"] == build.KWOK_VERSION
 
 
 def test_the_manifest_records_what_is_on_disk(built: list[dict[str, Any]]) -> None:
@@ -75,9 +82,10 @@ def test_the_manifest_records_what_is_on_disk(built: list[dict[str, Any]]) -> No
                 module, version = compiled.split()
                 assert manifest["substituted"][module]["built"] == version
     # Kubernetes is built exactly at upstream's pins: the build compares every module compiled in
-    kubernetes = by_name(built)["kubernetes"]
-    assert kubernetes["substituted"] == {}
-    assert all(not b["substitutes_compiled_in"] for b in kubernetes["binaries"].values())
+    for name in ("kubernetes", "kubernetes-node"):
+        kubernetes = by_name(built)[name]
+        assert kubernetes["substituted"] == {}
+        assert all(not b["substitutes_compiled_in"] for b in kubernetes["binaries"].values())
 
 
 def test_the_readme_names_every_substitute_compiled_in(built: list[dict[str, Any]]) -> None:
@@ -100,8 +108,9 @@ def test_the_binaries_report_their_pinned_versions(built: list[dict[str, Any]]) 
     entries = {name: Path(entry["path"]) / "bin" for name, entry in by_name(built).items()}
     assert "etcd Version: 3.6.6" in version_of(entries["etcd"] / "etcd", "--version")
     assert "etcdctl version: 3.6.6" in version_of(entries["etcd"] / "etcdctl", "version")
-    for name in ("kube-apiserver", "kube-controller-manager"):
-        assert version_of(entries["kubernetes"] / name, "--version").strip() == "Kubernetes v1.35.0"
+    for component, name in (("kubernetes", "kube-apiserver"), ("kubernetes", "kube-controller-manager"),
+                            ("kubernetes-node", "kubelet"), ("kubernetes-node", "kube-proxy")):  # fmt: skip
+        assert version_of(entries[component] / name, "--version").strip() == "Kubernetes v1.35.0"
     client = json.loads(version_of(entries["kubernetes"] / "kubectl", "version", "--client", "-o", "json"))
     assert client["clientVersion"]["gitVersion"] == "v1.35.0"
     assert client["clientVersion"]["gitCommit"] == build.release()["commit"]
@@ -113,6 +122,17 @@ def test_the_binaries_report_their_pinned_versions(built: list[dict[str, Any]]) 
         version_of(entries["scheduler-plugins"] / "kube-scheduler", "--version").strip()
         == f"Kubernetes {stamped}"
     )
+    runtime = build.release()["runtime"]
+    containerd = runtime["containerd"]["version"]
+    assert f"github.com/containerd/containerd/v2 v{containerd}" in version_of(
+        entries["containerd"] / "containerd", "--version"
+    )
+    assert f"ctr github.com/containerd/containerd/v2 v{containerd}" in version_of(
+        entries["containerd"] / "ctr", "--version"
+    )
+    said = version_of(entries["runc"] / "runc", "--version")
+    assert f"runc version {runtime['runc']['version']}" in said and "libseccomp" in said
+    assert build.KWOK_VERSION.removeprefix("v") in version_of(entries["kwok"] / "kwok", "--version")
 
 
 def test_a_second_run_builds_nothing(built: list[dict[str, Any]]) -> None:

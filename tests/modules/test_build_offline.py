@@ -30,6 +30,8 @@ def test_the_components_are_read_from_the_roles_pins() -> None:
     plugins = got["scheduler-plugins"]
     assert plugins.version == "v0.34.7"
     assert "-X k8s.io/component-base/version.gitVersion=v1.34.7" in plugins.ldflags
+    # kwok is the lab's, not the roles': pinned in the build, never installed on the lab's hosts
+    assert got["kwok"].version == build.KWOK_VERSION and "kwok" not in build.HOST_COMPONENTS
 
 
 @pytest.mark.parametrize(
@@ -53,9 +55,11 @@ ETCD = build.components()[0]
 
 def fake_entry(root: Path) -> Path:
     (root / "bin").mkdir(parents=True)
-    (root / "bin" / "etcd").write_bytes(b"binary")
+    for name in ETCD.binaries:
+        (root / "bin" / name).write_bytes(b"binary")
     sha = hashlib.sha256(b"binary").hexdigest()
-    manifest = {"recipe": build.RECIPE, "ldflags": list(ETCD.ldflags), "binaries": {"etcd": {"sha256": sha}}}
+    binaries = {name: {"sha256": sha} for name in ETCD.binaries}
+    manifest = {"recipe": build.RECIPE, "ldflags": list(ETCD.ldflags), "binaries": binaries}
     (root / "manifest.json").write_text(json.dumps(manifest))
     return root
 
@@ -68,6 +72,12 @@ def test_an_entry_counts_as_built_only_while_its_binaries_match_the_manifest(tmp
     assert build._cached(entry, ETCD) is None  # made by an older recipe: built again
     (entry / "manifest.json").write_text(json.dumps({**manifest, "ldflags": ["-X other.version=v0"]}))
     assert build._cached(entry, ETCD) is None  # stamped otherwise: built again
+    (entry / "manifest.json").write_text(
+        json.dumps({**manifest, "binaries": {"etcd": manifest["binaries"]["etcd"]}})
+    )
+    assert build._cached(entry, ETCD) is None  # built for fewer binaries than the component names now
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "tags": ["seccomp"]}))
+    assert build._cached(entry, ETCD) is None  # built with other tags
     (entry / "manifest.json").write_text(json.dumps(manifest))
     assert build._cached(entry, ETCD) is not None
     (entry / "bin" / "etcd").write_bytes(b"binarY")

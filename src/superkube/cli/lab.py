@@ -143,7 +143,8 @@ def lab_build(
     only: Annotated[
         list[str] | None,
         typer.Option(
-            "--only", help="Build only this component (etcd, kubernetes, scheduler-plugins); repeatable."
+            "--only",
+            help="Build only this component (etcd, kubernetes, kubernetes-node, scheduler-plugins, containerd, runc, kwok); repeatable.",
         ),
     ] = None,
     pin: Annotated[

@@ -63,7 +63,14 @@ class PinError(ValueError):
     """A request for a component or version that cannot be: one line saying what to ask instead."""
 
 
-NAMES = ("etcd", "kubernetes", "scheduler-plugins")
+NAMES = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc", "kwok")
+HOST_COMPONENTS = ("etcd", "kubernetes", "scheduler-plugins", "containerd", "runc")
+"""what `lab up` gives the lab's hosts. Not kwok (it runs beside the lab, against its API server);
+not yet the kubelet and kube-proxy: their units start only once a node can join the lab's
+control plane by TLS bootstrap, which the lab does not do yet"""
+KWOK_VERSION = "v0.8.0"
+"""kwok simulates Nodes (and their pods) against the lab's real API server: a lab-only tool, never
+installed by the roles, so it is pinned here rather than in the release file"""
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,9 @@ class Component:
     replaces: str = ""
     """how the build module's replace directives are made: "staging" or "copy" (see the module doc)"""
     ldflags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    cgo: bool = False
+    """runc links C (its nsenter and libseccomp): built with cgo; everything else is static Go"""
 
     @property
     def label(self) -> str:
@@ -111,10 +121,13 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
         "etcd": f"v{pinned['etcd']['version']}",
         "kubernetes": f"v{pinned['version']}",
         "scheduler-plugins": scheduler_plugins_version(pinned["version"]),
+        "containerd": f"v{pinned['runtime']['containerd']['version']}",
+        "runc": f"v{pinned['runtime']['runc']['version']}",
+        "kwok": KWOK_VERSION,
     }
-    unknown = sorted(set(pins or {}) - set(NAMES))
+    unknown = sorted(set(pins or {}) - set(versions))  # kubernetes-node follows kubernetes' pin
     if unknown:
-        raise PinError(f"no component named {', '.join(unknown)}; the components are {', '.join(NAMES)}")
+        raise PinError(f"no component named {', '.join(unknown)}; the components are {', '.join(versions)}")
     for name, version in (pins or {}).items():
         if not re.fullmatch(r"v?\d+\.\d+\.\d+(-[0-9A-Za-z.]+)?", version):
             raise PinError(f"{name}={version}: not a release version; give one like {versions[name]}")
@@ -141,6 +154,17 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
             # the release's commit is stamped only when building that release
             ldflags=_version_ldflags(kube, str(pinned["commit"]) if kube == f"v{pinned['version']}" else ""),
         ),
+        Component(  # the node's half of the same release (its own entry: the control plane's stays cached)
+            name="kubernetes-node",
+            module="k8s.io/kubernetes",
+            version=kube,
+            binaries={
+                "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+                "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+            },
+            replaces="staging",
+            ldflags=_version_ldflags(kube, str(pinned["commit"]) if kube == f"v{pinned['version']}" else ""),
+        ),
         Component(
             name="scheduler-plugins",
             module="sigs.k8s.io/scheduler-plugins",
@@ -152,6 +176,36 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
             # binary version from the stamp, and component-base refuses to start a 0.M binary
             # ("emulation version 0.34 is not between [1.31, 0.34.0]")
             ldflags=_version_ldflags("v1." + plugins.removeprefix("v0.")),
+        ),
+        Component(
+            name="containerd",
+            module="github.com/containerd/containerd/v2",
+            version=versions["containerd"],
+            binaries={
+                "containerd": "github.com/containerd/containerd/v2/cmd/containerd",
+                "containerd-shim-runc-v2": "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+                "ctr": "github.com/containerd/containerd/v2/cmd/ctr",
+            },
+            ldflags=(
+                f"-X github.com/containerd/containerd/v2/version.Version={versions['containerd']}",
+                "-X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2",
+            ),
+        ),
+        Component(
+            name="runc",
+            module="github.com/opencontainers/runc",
+            version=versions["runc"],
+            binaries={"runc": "github.com/opencontainers/runc"},
+            ldflags=(f"-X main.version={versions['runc'].removeprefix('v')}",),
+            tags=("seccomp", "urfave_cli_no_docs"),
+            cgo=True,
+        ),
+        Component(
+            name="kwok",
+            module="sigs.k8s.io/kwok",
+            version=versions["kwok"],
+            binaries={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+            ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={versions['kwok'].removeprefix('v')}",),
         ),
     ]
 
@@ -237,6 +291,8 @@ def _cached(target: Path, component: Component) -> dict[str, Any] | None:
     if manifest.get("recipe") != RECIPE or manifest.get("ldflags", []) != list(component.ldflags):
         return None
     binaries = manifest.get("binaries") or {}
+    if set(binaries) != set(component.binaries) or manifest.get("tags", []) != list(component.tags):
+        return None  # built for another set of binaries, or with other build tags
     for name, recorded in binaries.items():
         path = target / "bin" / name
         if not path.is_file() or _sha256(path) != recorded.get("sha256"):
@@ -248,7 +304,7 @@ def _build_into(component: Component, go: str, work: Path, progress: Progress) -
     log = work / "build.log"
     env = {
         **os.environ,
-        "CGO_ENABLED": "0",
+        "CGO_ENABLED": "1" if component.cgo else "0",
         "GOTOOLCHAIN": "local",
         "GOFLAGS": "-mod=mod -buildvcs=false",
         "GOWORK": "off",
@@ -282,8 +338,18 @@ def _build_into(component: Component, go: str, work: Path, progress: Progress) -
     progress(component.label, f"compiling {names}")
     (work / "bin").mkdir()
     ldflags = " ".join(("-s", "-w", *component.ldflags))
+    tags = [f"-tags={','.join(component.tags)}"] if component.tags else []
     for name, package in component.binaries.items():
-        go_cmd(f"compiling {name}", "build", "-trimpath", f"-ldflags={ldflags}", "-o", f"bin/{name}", package)
+        go_cmd(
+            f"compiling {name}",
+            "build",
+            "-trimpath",
+            *tags,
+            f"-ldflags={ldflags}",
+            "-o",
+            f"bin/{name}",
+            package,
+        )
     compiled_in: dict[str, list[str]] = {}
     if upstream:  # one upstream module, whose tidy go.mod names every version its commands are built at
         pins = {r["Path"]: r["Version"] for r in upstream.get("Require") or []}
@@ -298,6 +364,7 @@ def _build_into(component: Component, go: str, work: Path, progress: Progress) -
         "go": go,
         "recipe": RECIPE,
         "ldflags": list(component.ldflags),
+        "tags": list(component.tags),
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "binaries": {
             name: {

@@ -767,7 +767,8 @@ def built_binaries(progress: Callable[[str], None]) -> dict[str, dict[str, str]]
     """The pinned components from the build cache (built first where missing: minutes, once)."""
     try:
         results = build.build_all(
-            build.components(), lambda component, what: progress(f"{component}: {what}")
+            [c for c in build.components() if c.name in build.HOST_COMPONENTS],
+            lambda component, what: progress(f"{component}: {what}"),
         )
     except build.BuildError as exc:
         raise LabError(f"lab up needs the pinned components: {exc}") from None
