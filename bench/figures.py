@@ -163,8 +163,8 @@ def _agents_rows() -> list[tuple[str, str, str]]:
     counts = " / ".join(f"{row['nodes']:,}" for row in sizes)
     return [
         (
-            f"health controller's peak RSS at {counts} real Nodes "
-            f"(~{scale['node_json_bytes'] / 1000:.0f} KB each)",
+            f"health controller's peak RSS at {counts} kwok GPU Nodes "
+            f"(~{scale['node_json_bytes'] / 1000:.0f} KB each, + {scale['cpu_nodes']} CPU nodes)",
             f"{curve} MiB (limit 512 MiB)",
             "agents_at_scale.json",
         ),
@@ -172,18 +172,29 @@ def _agents_rows() -> list[tuple[str, str, str]]:
             f"at {n} nodes: the controller's requests a minute at steady state; in a {scale['fault_share']:.0%} "
             "fault burst (all requests)",
             f"{top['controller_steady_requests_per_min']:.0f}; {top['controller_burst_requests']:,} for "
-            f"{top['reports']} reports, {top['cordoned']} cordons (breaker allows {top['breaker_allowed']})",
+            f"{top['reports']} reports, {top['cordoned']} cordons (breaker allows {top['breaker_allowed']}), "
+            f"{top['evicted']} evictions",
             "agents_at_scale.json",
         ),
         (
-            f"at {n} nodes: from one fatal report to its cordon; from {top['reports']} at once to the last cordon",
-            f"{top['one_report_to_cordon_s']:.1f} s; {top['report_to_last_cordon_s']:.1f} s",
+            f"at {n} nodes: from one fatal report to its cordon; from {top['reports']} at once to the last "
+            "cordon, and to the last evicted pod gone",
+            f"{top['one_report_to_cordon_s']:.1f} s; {top['report_to_last_cordon_s']:.1f} s, "
+            f"{top['report_to_last_pod_gone_s']:.1f} s",
             "agents_at_scale.json",
         ),
         (
             f"at {n} nodes: one health agent's peak RSS and requests a minute; the team reconciler's",
             f"{top['agent_peak_rss_mib']:.0f} MiB, {top['agent_requests_per_min']:.0f}; "
             f"{top['team_reconciler_peak_rss_mib']:.0f} MiB, {top['team_reconciler_requests_per_min']:.0f}",
+            "agents_at_scale.json",
+        ),
+        (
+            f"kwok: new nodes made and all Ready at {counts}; the API server's peak RSS",
+            " / ".join(f"{row['all_ready_s']:.0f}" for row in sizes)
+            + " s; "
+            + " / ".join(f"{row['apiserver_peak_rss_mib'] / 1024:.1f}" for row in sizes)
+            + " GiB",
             "agents_at_scale.json",
         ),
     ]
