@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from superkube.fleet import converge as runner
+from superkube.lab import build
 from superkube.lab import hosts as lab
 from superkube.model import rates
 from tests.lab.conftest import counters, deliver, sh
@@ -101,6 +102,20 @@ def state(fleet_: lab.Lab, host: str) -> dict[str, str]:
         "nat-chains": sh(fleet_, host, "iptables-save -t nat | grep '^:' | cut -d' ' -f1 | sort"),
         "qdiscs": sh(fleet_, host, "tc qdisc show | grep -v noqueue | sort"),
     }
+
+
+def test_nodes_run_the_containerd_and_runc_pinned_with_kubernetes(net: lab.Lab) -> None:
+    """Not the distribution's containerd 1.x: the release file's containerd 2.x and runc, from the
+    lab's build, running under the role's unit and configuration."""
+    runtime = build.release()["runtime"]
+    containerd = f"v{runtime['containerd']['version']}"
+    for host in NODES:
+        assert sh(net, host, "systemctl is-active containerd").strip() == "active"
+        said = sh(net, host, "ctr version")  # the client's version and the running daemon's
+        assert said.count(containerd) == 2, said
+        assert f"runc version {runtime['runc']['version']}" in sh(net, host, "runc --version")
+        assert "/usr/local/bin/runc" in sh(net, host, "cat /etc/containerd/config.toml")
+        assert sh(net, host, "dpkg-query -W -f='${Status}' containerd 2>/dev/null || true") == ""
 
 
 def test_each_node_writes_its_cni_network_from_instance_metadata(net: lab.Lab) -> None:

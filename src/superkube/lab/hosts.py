@@ -74,7 +74,6 @@ BASE_PACKAGES = (
     "ca-certificates",
     "curl",
     "chrony",
-    "containerd",
     "prometheus-node-exporter",
     "netcat-openbsd",
     # the standard CNI plugins (production installs the same release, pinned by checksum) and
@@ -85,7 +84,7 @@ BASE_PACKAGES = (
     "prometheus",
     "victoria-metrics",
 )
-IMAGE_RECIPE = 4  # bump when the image steps below change
+IMAGE_RECIPE = 5  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
 MAX_HOSTS = 40
