@@ -154,6 +154,23 @@ def review(body: bytes, config: Config, namespace_team: str | None = None) -> di
     return _decide(uid, where, labels, spec, namespace_team, config)
 
 
+def _unowed(
+    uid: str, where: str, tolerations: list[Any], owed: list[Any], team: str | None, hint: str = ""
+) -> dict[str, Any] | None:
+    """The refusal for the first of `tolerations` that reaches team nodes the pod is not owed, if any."""
+    unowed = [t for t in tolerations if teams.reaches_team_nodes(t) and not _is_one_of(t, owed)]
+    if not unowed:
+        return None
+    whose = f"team {team!r}" if team else "no team"
+    return _answer(
+        uid,
+        False,
+        code=403,
+        message=f"{where}: toleration {json.dumps(unowed[0], sort_keys=True)} reaches nodes its namespace's "
+        f"{whose} does not own; remove it{hint}",
+    )
+
+
 def _decide_update(
     uid: str,
     where: str,
@@ -177,17 +194,7 @@ def _decide_update(
     added = [t for t in spec.get("tolerations") or [] if not _is_one_of(t, had)]
     borrow = labels.get(teams.BORROW_LABEL, "false") == "true"
     owed = teams.tolerations_for(team, borrow) if team and team in config.teams() else []
-    unowed = [t for t in added if teams.reaches_team_nodes(t) and not _is_one_of(t, owed)]
-    if unowed:
-        whose = f"team {team!r}" if team else "no team"
-        return _answer(
-            uid,
-            False,
-            code=403,
-            message=f"{where}: toleration {json.dumps(unowed[0], sort_keys=True)} reaches nodes its namespace's "
-            f"{whose} does not own; remove it",
-        )
-    return _answer(uid, True)
+    return _unowed(uid, where, added, owed, team) or _answer(uid, True)
 
 
 def _decide(
@@ -244,16 +251,9 @@ def _decide(
         )
     had = list(spec.get("tolerations") or [])
     owed = teams.tolerations_for(team, borrow == "true") if team else []
-    unowed = [t for t in had if teams.reaches_team_nodes(t) and not _is_one_of(t, owed)]
-    if unowed:
-        whose = f"team {team!r}" if team else "no team"
-        return _answer(
-            uid,
-            False,
-            code=403,
-            message=f"{where}: toleration {json.dumps(unowed[0], sort_keys=True)} reaches nodes its namespace's "
-            f"{whose} does not own; remove it (the webhook adds the team tolerations a pod is owed)",
-        )
+    refused = _unowed(uid, where, had, owed, team, " (the webhook adds the team tolerations a pod is owed)")
+    if refused:
+        return refused
     want = had + [t for t in owed if not _is_one_of(t, had)]
     patch: list[dict[str, Any]] = []
     if want != had:
