@@ -42,6 +42,7 @@ from superkube.agents import health_controller as hc  # noqa: E402
 from superkube.agents import node_health as nh  # noqa: E402
 from superkube.agents import team_taints  # noqa: E402
 from superkube.cluster import cloudinit  # noqa: E402
+from superkube.cluster.kube import SYSTEM_NAMESPACE  # noqa: E402
 from superkube.lab import apiserver  # noqa: E402
 from superkube.lab import kwok as kwok_lab  # noqa: E402
 from superkube.model.spec import PREFLIGHT_TAINT_KEY  # noqa: E402
@@ -49,7 +50,7 @@ from superkube.model.spec import PREFLIGHT_TAINT_KEY  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "agents_at_scale.json"
 POOL = "gpu"
 CPU_POOL, CPU_NODES = "cpu", 128  # the flagship's CPU pool, beside the GPU pool at every size
-NAMESPACE = "superkube-system"
+NAMESPACE = SYSTEM_NAMESPACE
 TRAINERS = "trainers"
 STEADY_S = 30.0
 FAULT_SHARE = 0.05
@@ -333,16 +334,17 @@ def main() -> int:
             if m["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]  # fmt: skip
         # kwok, every node's kubelet, as its own account (not audited: see apiserver.KWOK_USER)
         objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                        "metadata": {"name": "kwok"},
+                        "metadata": {"name": apiserver.KWOK_ACCOUNT},
                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-                        "subjects": [{"kind": "ServiceAccount", "name": "kwok", "namespace": "kube-system"}]})  # fmt: skip
+                        "subjects": [{"kind": "ServiceAccount", "name": apiserver.KWOK_ACCOUNT,
+                                      "namespace": apiserver.KWOK_NAMESPACE}]})  # fmt: skip
         apply(api, *[o for o in objects if o["kind"] != "ServiceAccount"])
         kubeconfigs = {
             account: api.token_kubeconfig(account, token_for(core, account))
             for account in (hc.COMPONENT, nh.COMPONENT, team_taints.COMPONENT)
         }
-        kwok_config = api.token_kubeconfig("kwok", token_for(core, "kwok", "kube-system"))
-        assert apiserver.KWOK_USER == "system:serviceaccount:kube-system:kwok"
+        kwok_token = token_for(core, apiserver.KWOK_ACCOUNT, apiserver.KWOK_NAMESPACE)
+        kwok_config = api.token_kubeconfig(apiserver.KWOK_ACCOUNT, kwok_token)
         rows = []
         have = 0
         with kwok_lab.running(kwok_config, work / "kwok", lambda line: print(line, file=sys.stderr)) as kwok:

@@ -132,13 +132,18 @@ def test_the_team_reconciler_follows_nodes_by_watch(api: LocalApi, tmp_path: Pat
         nodes.watch.close()
 
 
-def test_one_of_two_candidates_leads_and_the_other_takes_over_when_it_stops(api: LocalApi) -> None:
+def candidates(api: LocalApi, duration_s: int) -> tuple[Lease, Lease]:
+    """Two replicas competing for one new Lease, as the admin."""
     from kubernetes import client, config
 
     coordination = client.CoordinationV1Api(config.new_client_from_config(config_file=str(api.kubeconfig)))
     name = unique("lease")
-    a = Lease(coordination, "default", name, "replica-a", duration_s=2)
-    b = Lease(coordination, "default", name, "replica-b", duration_s=2)
+    return (Lease(coordination, "default", name, "replica-a", duration_s=duration_s),
+            Lease(coordination, "default", name, "replica-b", duration_s=duration_s))  # fmt: skip
+
+
+def test_one_of_two_candidates_leads_and_the_other_takes_over_when_it_stops(api: LocalApi) -> None:
+    a, b = candidates(api, duration_s=2)
     assert a.try_lead() and not b.try_lead()
     assert a.try_lead() and not b.try_lead()  # a renews; b has seen a renew: not expired
     # a stops renewing (its pod is gone); b waits out the duration by its own clock, then takes over
@@ -146,7 +151,7 @@ def test_one_of_two_candidates_leads_and_the_other_takes_over_when_it_stops(api:
     while not b.try_lead():
         assert time.monotonic() < deadline, "b never took over"
         time.sleep(0.3)
-    held = coordination.read_namespaced_lease(name, "default").spec
+    held = b.coordination.read_namespaced_lease(b.name, b.namespace).spec
     assert held.holder_identity == "replica-b" and held.lease_transitions == 1
     assert not a.try_lead() and not a.leading  # a, back, finds b renewing
 
@@ -199,12 +204,7 @@ def test_a_refused_watch_is_said_every_round_not_served_stale(api: LocalApi) -> 
 
 
 def test_a_leader_that_stops_cleanly_hands_over_at_once(api: LocalApi) -> None:
-    from kubernetes import client, config
-
-    coordination = client.CoordinationV1Api(config.new_client_from_config(config_file=str(api.kubeconfig)))
-    name = unique("lease")
-    a = Lease(coordination, "default", name, "replica-a", duration_s=60)
-    b = Lease(coordination, "default", name, "replica-b", duration_s=60)
+    a, b = candidates(api, duration_s=60)
     assert a.try_lead() and not b.try_lead()
     a.release()  # its pod is stopping (a rolling update): no minute-long wait for b
     assert b.try_lead() and not a.leading

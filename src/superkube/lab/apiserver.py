@@ -39,7 +39,8 @@ _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
 
 
 # every request, who made it and what it asked (not the bodies): what tests count an agent's requests by
-KWOK_USER = "system:serviceaccount:kube-system:kwok"
+KWOK_NAMESPACE, KWOK_ACCOUNT = "kube-system", "kwok"
+KWOK_USER = f"system:serviceaccount:{KWOK_NAMESPACE}:{KWOK_ACCOUNT}"
 """the simulated kubelets' identity (`superkube.lab.kwok`): at thousands of nodes their Lease renewals
 would flood the audit log that requests are counted from, so they are not audited"""
 AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
