@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,9 +65,38 @@ def write_stack(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+def _left_running(grace_s: float = 5.0) -> list[str]:
+    """Threads a test started and never stopped, after a grace to finish: one line each, with where it
+    waits. A daemon thread left running can take the interpreter down as it shuts down (a thread that
+    wakes and writes to stderr then aborts the process after every test has passed)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    frames = sys._current_frames()
+    lines = []
+    for thread in left:
+        frame = frames.get(thread.ident or -1)
+        stack = [f for f in traceback.extract_stack(frame) if "threading" not in f.filename] if frame else []
+        where = f"{stack[-1].filename}:{stack[-1].lineno} in {stack[-1].name}" if stack else "?"
+        lines.append(f"{thread.name}: {where}")
+    return lines
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """On CI a skipped test is a failure: whatever it needs must be installed, not skipped."""
+    """On CI a skipped test is a failure: whatever it needs must be installed, not skipped. And every
+    thread a test started must have been stopped by the end."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    left = _left_running()
+    if left and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if left and reporter:
+        reporter.write_line("")
+    for line in left:
+        if reporter:
+            reporter.write_line(f"thread left running: {line}; stop and join it in the test", red=True)
     skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
     if os.environ.get("CI") and skipped and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -107,8 +107,10 @@ def test_only_410_gone_makes_it_list_again(api: LocalApi) -> None:
         make_node(api, f"{pool}-1", {"superkube.io/pool": pool})
         wait_for("the new node", lambda: f"{pool}-1" in watch.items())
     finally:
+        stop.set()  # the thread was started here, not by ensure(): close() alone does not know it
         watch.close()
-    assert watch.lists == 2
+        thread.join(5)
+    assert watch.lists == 2 and not thread.is_alive()
 
 
 def test_the_team_reconciler_follows_nodes_by_watch(api: LocalApi, tmp_path: Path) -> None:
