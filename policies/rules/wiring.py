@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -317,6 +318,19 @@ def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
 
 
 @_rendering
+def _lab_only_kubelet(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    for host in r.of(GPU_NODES, CPU_NODES):
+        document = r.var("kubelet", host, "kubelet_all_config")
+        for field, lab_value in kube.LAB_ONLY_KUBELET_CONFIG.items():
+            if field in document and document[field] == lab_value:
+                yield Finding(
+                    f"the kubelet configuration sets {field}: {json.dumps(lab_value)}, a value only the lab "
+                    "may set (its hosts' kernel mounts cgroup v1; nodes run cgroup v2)",
+                    _vmss(view, host).urn,
+                )
+
+
+@_rendering
 def _cluster_name(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
     want = config.cluster
     for host in r.of(APISERVERS)[:1]:
@@ -400,6 +414,14 @@ RULES = [
         "Set labels and taints in superkube:node_pools only (NodePool writes both the tags and cloud-init); "
         "write the inventory again with superkube inventory.",
         _registration,
+    ),
+    Rule(
+        "wiring-kubelet-lab-only",
+        "critical",
+        "No shipped stack's kubelet configuration carries a lab-only value (failCgroupV1: false).",
+        "Drop failCgroupV1 from kubelet_extra_config and the kubelet role; run nodes on an image with "
+        "cgroup v2 (the unified hierarchy), as the shipped images do.",
+        _lab_only_kubelet,
     ),
     Rule(
         "wiring-cluster-name",

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT
 from superkube.lab import hosts as lab
+from superkube.lab import layer
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
@@ -62,6 +66,25 @@ def monitored(labs: Labs) -> lab.Lab:
 @pytest.fixture(scope="module")
 def control_plane(labs: Labs) -> lab.Lab:
     return labs.get(CONTROL_PLANE)
+
+
+def kubectl(
+    fleet: lab.Lab, *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """The lab's built kubectl as the admin, from the switch namespace (where the API's address is)."""
+    return subprocess.run(
+        [*layer.kubectl(fleet), *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def ok(fleet: lab.Lab, *args: str, stdin: str | None = None) -> str:
+    proc = kubectl(fleet, *args, stdin=stdin)
+    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc.stdout
+
+
+def get(fleet: lab.Lab, *args: str) -> dict[str, Any]:
+    return dict(json.loads(ok(fleet, "get", *args, "-o", "json")))
 
 
 def sh(fleet: lab.Lab, host: str, command: str, timeout: float = 60) -> str:

@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
+from superkube.cluster import cloudinit
 from superkube.cluster.kube import NODE_EXPORTER_PORT
 from superkube.lab import hosts as lab
 from tests.lab.conftest import sh
@@ -95,6 +96,37 @@ def test_a_second_lab_up_is_refused(fleet: lab.Lab) -> None:
 def test_bad_host_names_are_user_errors(fleet: lab.Lab) -> None:
     result = CliRunner().invoke(app, ["lab", "stop", "nosuch"])
     assert result.exit_code == 2 and "no lab host 'nosuch'" in result.stderr
+
+
+def test_only_node_hosts_join_and_not_before_converge(fleet: lab.Lab) -> None:
+    result = CliRunner().invoke(app, ["lab", "join", "etcd-main-1"])
+    assert result.exit_code == 2 and "etcd-main-1: not a GPU or CPU node host" in result.stderr
+    # a node converge has not reached yet (whether or not converge ran in this lab before)
+    kubeconfig = cloudinit.BOOTSTRAP_KUBECONFIG
+    sh(fleet, "gpu-1", f"if [ -e {kubeconfig} ]; then mv {kubeconfig} {kubeconfig}.aside; fi")
+    try:
+        result = CliRunner().invoke(app, ["lab", "join", "gpu-1"])
+    finally:
+        sh(fleet, "gpu-1", f"if [ -e {kubeconfig}.aside ]; then mv {kubeconfig}.aside {kubeconfig}; fi")
+    assert result.exit_code == 2 and "run `superkube converge` on the lab first" in result.stderr
+    assert sh(fleet, "gpu-1", "systemctl is-enabled superkube-join.path || true").strip() != "enabled"
+
+
+def test_the_labs_join_script_is_the_plans_with_a_short_jitter() -> None:
+    doc = yaml.safe_load(
+        cloudinit.render(
+            cluster="c", pool="gpu", role="gpu", apiserver_endpoint="https://10.0.0.4:6443",
+            kubernetes_version="1.35.0", join_jitter_seconds=600, labels={}, taints=[],
+        ).removeprefix("#cloud-config\n")
+    )  # fmt: skip
+    script = next(f["content"] for f in doc["write_files"] if f["path"] == cloudinit.JOIN_SCRIPT)
+    short = lab.lab_join_script(script)
+    assert cloudinit.join_jitter_seconds(script) == 600
+    assert cloudinit.join_jitter_seconds(short) == lab.LAB_JOIN_JITTER_S
+    changed = [(a, b) for a, b in zip(script.splitlines(), short.splitlines(), strict=True) if a != b]
+    assert len(changed) == 1 and "shuf" in changed[0][0]
+    with pytest.raises(lab.LabError, match="no jitter"):
+        lab.lab_join_script("#!/bin/sh\nsystemctl enable --now kubelet\n")
 
 
 def test_runs_as_root() -> None:

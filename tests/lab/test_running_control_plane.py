@@ -30,7 +30,7 @@ from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import layer, loadbalancer
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from tests.lab.conftest import sh
+from tests.lab.conftest import get, kubectl, ok, sh
 
 ROOT = Path(__file__).resolve().parents[2]
 ETCDCTL = ". /etc/etcd/etcdctl-{c}.env && etcdctl --command-timeout=10s "
@@ -45,24 +45,6 @@ def running(control_plane: lab.Lab) -> dict[str, Any]:
     applied = CliRunner().invoke(app, ["lab", "apply", "--output", "json"])
     assert applied.exit_code == 0, applied.output
     return {"applied": json.loads(applied.stdout)}
-
-
-def kubectl(
-    fleet: lab.Lab, *args: str, stdin: str | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*layer.kubectl(fleet), *args], input=stdin, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def ok(fleet: lab.Lab, *args: str, stdin: str | None = None) -> str:
-    proc = kubectl(fleet, *args, stdin=stdin)
-    assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
-    return proc.stdout
-
-
-def get(fleet: lab.Lab, *args: str) -> dict[str, Any]:
-    return dict(json.loads(ok(fleet, "get", *args, "-o", "json")))
 
 
 def lb_url(fleet: lab.Lab) -> str:

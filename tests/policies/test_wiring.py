@@ -166,6 +166,13 @@ CASES: list[
         {"metrics_store_hosts": ["10.65.16.68"]},
         "wiring-monitoring-store",
     ),
+    (
+        "group var: the lab's cgroup v1 allowance",
+        None,
+        None,
+        {"kubelet_extra_config": {"failCgroupV1": False}},
+        "wiring-kubelet-lab-only",
+    ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (
         "group var: controller-manager cluster name",

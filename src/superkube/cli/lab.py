@@ -138,6 +138,30 @@ def lab_apply(
     out.print(f"{sum(len(a.objects) for a in done)} objects applied to the lab's API server")
 
 
+@lab_app.command("join")
+def lab_join(
+    hosts: Annotated[
+        list[str] | None, typer.Argument(help="Node hosts to join (default: every GPU and CPU node).")
+    ] = None,
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """Join node hosts to the lab's control plane for real, after converge: start cloud-init's join
+    unit (TLS bootstrap, CSR signed by the controller-manager) and wait until each Node is Ready."""
+    from superkube.lab import hosts as lab
+    from superkube.lab import nodes
+
+    fleet = lab.Lab.load()
+    if fleet is None:
+        fail("no lab is up; run `superkube lab up` and `superkube converge` first")
+    joined = _lab_call(nodes.join, fleet, hosts or (), 180, lambda what: err.print(what, highlight=False))
+    if output is Output.json:
+        doc = [{"node": j.name, "kubelet_to_ready_s": j.kubelet_to_ready_s} for j in joined]
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    for j in joined:
+        out.print(f"{j.name}: Ready {j.kubelet_to_ready_s:.1f} s after its kubelet started")
+
+
 @lab_app.command("build")
 def lab_build(
     only: Annotated[

@@ -46,6 +46,9 @@ SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluste
 # Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
 # no pod IP, so a node's pod limit is its pod IPs plus these.
 HOST_NETWORK_PODS = 8
+# Kubelet values only the lab sets (its hosts share a kernel that mounts cgroup v1 controllers, which
+# Kubernetes 1.35 refuses by default); the wiring-kubelet-lab-only rule keeps them out of every stack.
+LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}
 # The in-cluster `kubernetes` service takes the service range's first address, cluster DNS the tenth.
 KUBERNETES_SERVICE_INDEX = 1
 DNS_SERVICE_INDEX = 10

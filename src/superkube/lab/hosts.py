@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from superkube.cluster import cloudinit
 from superkube.cluster.inventory import cluster_facts
 from superkube.cluster.kube import (
     APISERVERS,
@@ -45,6 +46,7 @@ from superkube.cluster.kube import (
     ETCD_MAIN,
     GPU_NODES,
     GROUPS,
+    LAB_ONLY_KUBELET_CONFIG,
     MONITORING,
     NAT_HOST,
 )
@@ -481,7 +483,6 @@ def pool_facts(
     node (the custom data, decoded, so lab nodes register exactly as the plan's do), and what Azure
     would tell the node about itself: the scale set, its tags and how many secondary IPs its NIC
     configuration holds."""
-    from superkube.cluster import cloudinit
     from superkube.plan import engine as planning
 
     recorded = planning.run(project or planning.find_project(), LAB_STACK)
@@ -549,6 +550,65 @@ def imds_documents(lab: Lab) -> dict[str, dict[str, Any]]:
     return docs
 
 
+LAB_JOIN_JITTER_S = 3
+"""The lab's nodes join within 3 s of their join unit starting, not the stack's window (flagship:
+600 s): a test waits for one node, not for a fleet's registrations to spread out."""
+
+
+def lab_join_script(planned: str) -> str:
+    """cloud-init's join script with its jitter window cut to the lab's (and nothing else changed)."""
+    window = cloudinit.join_jitter_seconds(planned)
+    if window is None:
+        raise LabError("the stack's join script has no jitter the lab can shorten: plan it again")
+    return planned.replace(
+        cloudinit.JITTER_COMMAND.format(seconds=window),
+        cloudinit.JITTER_COMMAND.format(seconds=LAB_JOIN_JITTER_S),
+    )
+
+
+# What a VM gives a kubelet and a container does not. systemd-nspawn mounts the cgroup v1 hierarchies
+# read-only (the kubelet makes its QoS cgroups in them) and there is no /dev/kmsg (the kubelet's OOM
+# watcher reads it). Lab only: written by `lab up` into node hosts, never by a role.
+KUBELET_HOST_SCRIPT = """#!/bin/sh
+set -eu
+mount -o remount,rw /sys/fs/cgroup
+for d in /sys/fs/cgroup/*; do
+    if [ ! -L "$d" ] && mountpoint -q "$d"; then
+        mount -o remount,rw,bind "$d"
+    fi
+done
+[ -e /dev/kmsg ] || ln -s /dev/console /dev/kmsg
+"""
+KUBELET_HOST_UNIT = """[Unit]
+Description=Lab only: writable cgroup hierarchies and /dev/kmsg for the kubelet
+DefaultDependencies=no
+After=local-fs.target
+Before=containerd.service kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/superkube-lab-kubelet-host
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _write_kubelet_host_unit(root: Path) -> None:
+    script = root / "usr/local/sbin/superkube-lab-kubelet-host"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(KUBELET_HOST_SCRIPT)
+    script.chmod(0o755)
+    unit = root / "etc/systemd/system/superkube-lab-kubelet-host.service"
+    unit.write_text(KUBELET_HOST_UNIT)
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit.name
+    if not link.is_symlink():
+        link.symlink_to(f"/etc/systemd/system/{unit.name}")
+
+
 def _prepare_root(lab: Lab, host: Host) -> Path:
     base = _host_dir(lab, host)
     for sub in ("upper", "work", "root"):
@@ -570,13 +630,18 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
     (merged / "etc" / "hosts").write_text(
         "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in lab.hosts)
     )
-    # cloud-init's files, as Azure's cloud-init writes them on the pool's VMs (its runcmd, the join
-    # unit, stays off: the lab has no kubelet to start)
+    # cloud-init's files, as Azure's cloud-init writes them on the pool's VMs. Its runcmd (enabling
+    # the join path unit) is left to whoever wants the node to join (`join_nodes`): most labs have no
+    # API server for a kubelet to join.
     for path, (content, mode) in lab.cloud_init.get(host.pool, {}).items():
+        if path == cloudinit.JOIN_SCRIPT:
+            content = lab_join_script(content)
         target = merged / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
         os.chmod(target, int(mode, 8))
+    if host.group in (GPU_NODES, CPU_NODES):
+        _write_kubelet_host_unit(merged)
     ssh = merged / "root" / ".ssh"
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh / "authorized_keys").write_text(Path(str(lab.key) + ".pub").read_text())
@@ -718,6 +783,9 @@ def _write_known_hosts(lab: Lab) -> None:
 
 
 LAB_SERVICE_PORT = 8080
+LAB_CERT_DURATION = "3m"
+"""What the lab's controller-manager signs kubelet certificates for. It backdates each by 5 minutes,
+so a kubelet (rotating at 70-90 % of the 8-minute span) renews 0.6-2.2 minutes after each issue."""
 
 
 def lab_services(lab: Lab) -> list[dict[str, Any]]:
@@ -751,6 +819,9 @@ def write_inventory(lab: Lab) -> Path:
                 **{f"superkube_{k}": v for k, v in lab.facts.items()},
                 "nat_host_services": lab_services(lab),
                 "superkube_lab_builds": lab.builds,
+                "kubelet_extra_config": LAB_ONLY_KUBELET_CONFIG,
+                # kubelet client certificates for minutes, not a year: a test sees one rotate
+                "kube_controller_manager_extra_flags": {"cluster-signing-duration": LAB_CERT_DURATION},
             },
             "children": {
                 **children,
@@ -775,6 +846,7 @@ def built_binaries(progress: Callable[[str], None]) -> dict[str, dict[str, str]]
         name: {"path": str(b.binary(name)), "sha256": info["sha256"], "version": b.component.version}
         for b in results
         for name, info in sorted(b.manifest["binaries"].items())
+        if name not in build.HELD_BACK
     }
 
 
@@ -1025,6 +1097,13 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
         removed.append(f"netns {name}")
     _end(_lab_clients(state_dir), signal.SIGTERM, "(client)", removed)
     if state_dir.exists():
-        shutil.rmtree(state_dir)
+        shutil.rmtree(state_dir, onerror=_gone_already)
         removed.append(f"state {state_dir}")
     return removed
+
+
+def _gone_already(function: Any, path: str, exc_info: Any) -> None:
+    """rmtree's error hook: a file another `lab down` (an interrupted run's cleanup) removed first
+    is what this one wanted; anything else is raised."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]

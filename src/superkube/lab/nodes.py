@@ -1,0 +1,107 @@
+"""Lab nodes joining the lab's control plane for real: the join unit cloud-init wrote starts the
+kubelet, which authenticates with the bootstrap token, has its CSR approved and signed by the
+controller-manager, and registers its Node.
+
+`lab up` writes cloud-init's files on every node host but leaves its runcmd (enabling the join path
+unit) undone: most lab shapes have no API server to join. `join` does what that runcmd does, after
+converge has written the bootstrap kubeconfig, and waits for each Node to be Ready.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from superkube.cluster import cloudinit
+from superkube.cluster.kube import CPU_NODES, GPU_NODES
+from superkube.lab import layer
+from superkube.lab.errors import LabError
+from superkube.lab.hosts import Lab, run_on, ssh
+
+JOIN_PATH = "superkube-join.path"
+
+
+@dataclass(frozen=True)
+class Joined:
+    name: str
+    kubelet_to_ready_s: float  # from the kubelet's process start to its Node seen Ready
+
+
+def node_hosts(lab: Lab, names: Iterable[str] = ()) -> list[str]:
+    """The named hosts (all GPU and CPU nodes when none are named); each must be a node host."""
+    nodes = [h.name for h in lab.hosts if h.group in (GPU_NODES, CPU_NODES)]
+    wanted = list(names) or nodes
+    wrong = [n for n in wanted if n not in nodes]
+    if wrong:
+        raise LabError(
+            f"{', '.join(wrong)}: not a GPU or CPU node host of the lab (nodes: {', '.join(nodes)})"
+        )
+    return wanted
+
+
+def ready_nodes(lab: Lab) -> set[str]:
+    """Nodes whose Ready condition is True, as the lab's API server says."""
+    proc = subprocess.run(
+        [*layer.kubectl(lab), "get", "nodes", "-o", "json"], capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        return set()  # an API server in a fault test, say: the caller's deadline decides
+    ready = set()
+    for node in json.loads(proc.stdout)["items"]:
+        conditions = (node.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            ready.add(node["metadata"]["name"])
+    return ready
+
+
+def join(
+    lab: Lab,
+    names: Iterable[str] = (),
+    timeout_s: float = 180,
+    progress: Callable[[str], None] = lambda what: None,
+) -> list[Joined]:
+    """Start the join on node hosts (cloud-init's runcmd) and wait until every Node is Ready."""
+    wanted = node_hosts(lab, names)
+    for name in wanted:
+        if "yes" not in run_on(lab, name, f"test -s {cloudinit.BOOTSTRAP_KUBECONFIG} && echo yes || echo no"):
+            raise LabError(
+                f"{name} has no {cloudinit.BOOTSTRAP_KUBECONFIG}: run `superkube converge` on the lab first"
+            )
+    for name in wanted:
+        run_on(lab, name, f"systemctl enable --now {JOIN_PATH}")
+        progress(f"{name}: join started")
+    deadline = time.monotonic() + timeout_s
+    seen: dict[str, float] = {}
+    while len(seen) < len(wanted):
+        for name in ready_nodes(lab) & set(wanted) - set(seen):
+            seen[name] = time.monotonic()
+            progress(f"{name}: Ready")
+        if len(seen) == len(wanted):
+            break
+        if time.monotonic() > deadline:
+            late = [n for n in wanted if n not in seen]
+            why = {n: _kubelet_tail(lab, n) for n in late}
+            raise LabError(
+                f"not Ready after {timeout_s:.0f} s: "
+                + "; ".join(f"{n} (kubelet: {w})" for n, w in why.items())
+            )
+        time.sleep(0.5)
+    joined = []
+    for name in wanted:
+        started_us = int(
+            run_on(lab, name, "systemctl show kubelet -p ExecMainStartTimestampMonotonic --value").strip()
+            or 0
+        )
+        # the hosts share this machine's kernel, so their monotonic clock is this process's
+        joined.append(Joined(name, round(seen[name] - started_us / 1e6, 2)))
+    return joined
+
+
+def _kubelet_tail(lab: Lab, name: str) -> str:
+    proc = ssh(
+        lab, lab.host(name), "systemctl is-active kubelet; journalctl -u kubelet -n 3 --no-pager -o cat"
+    )
+    return " / ".join(line.strip()[:200] for line in proc.stdout.splitlines() if line.strip()) or "no output"

@@ -1,0 +1,160 @@
+"""Nodes joining the lab's real control plane: the pinned kubelet on the pinned containerd, started by
+cloud-init's join unit, bootstrapped by token, its CSR signed by the controller-manager.
+
+Shares the control-plane lab with test_running_control_plane and test_split_control_plane (same
+shape: one lab for all three). Runs in file order: the rotation test comes last, as it waits for the
+lab's short-lived kubelet certificates to be renewed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any
+
+import pytest
+
+from superkube.cluster import autoscaling
+from superkube.fleet import converge as runner
+from superkube.lab import hosts as lab
+from superkube.lab import nodes
+from tests.lab.conftest import get, sh
+
+NODES = ("gpu-1", "cpu-1")
+KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+# labels every kubelet sets on its own Node; the rest come from the registration cloud-init wrote
+KUBELET_LABELS = ("kubernetes.io/", "beta.kubernetes.io/")
+
+
+@pytest.fixture(scope="module")
+def joined(control_plane: lab.Lab) -> dict[str, Any]:
+    """Converge (a no-op after the control-plane modules; the whole setup when run alone), then join."""
+    result = runner.converge(control_plane.inventory)
+    assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
+    done = nodes.join(control_plane, NODES)
+    first = {name: sh(control_plane, name, f"readlink -f {CLIENT_CERT}").strip() for name in NODES}
+    return {"joined": {j.name: j.kubelet_to_ready_s for j in done}, "first_cert": first}
+
+
+def node_csrs(fleet: lab.Lab) -> list[dict[str, Any]]:
+    return [c for c in get(fleet, "csr")["items"] if c["spec"]["signerName"] == KUBELET_SIGNER]
+
+
+def test_the_join_unit_starts_the_pinned_kubelet_and_each_node_turns_ready(
+    control_plane: lab.Lab, joined: dict[str, Any]
+) -> None:
+    assert set(joined["joined"]) == set(NODES)
+    for name in NODES:
+        units = sh(control_plane, name, "systemctl is-active superkube-join.service kubelet containerd")
+        assert units.split() == ["active", "active", "active"], name
+        assert sh(control_plane, name, "systemctl is-enabled kubelet").strip() == "enabled"
+        kubelet = "v" + control_plane.builds["kubelet"]["version"].lstrip("v")
+        containerd = control_plane.builds["containerd"]["version"].lstrip("v")
+        assert sh(control_plane, name, "/usr/local/bin/kubelet --version").split() == ["Kubernetes", kubelet]
+        node = get(control_plane, "node", name)
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == kubelet
+        runtime, _, version = info["containerRuntimeVersion"].partition("://")
+        assert (runtime, version.lstrip("v")) == ("containerd", containerd), info["containerRuntimeVersion"]
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready and ready[0]["status"] == "True", ready
+
+
+def test_each_csr_came_by_bootstrap_token_and_was_approved_and_signed(
+    control_plane: lab.Lab, joined: dict[str, Any]
+) -> None:
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for csr in node_csrs(control_plane):
+        by_node.setdefault(csr["spec"]["username"], []).append(csr)
+    bootstrap = [c for user, cs in by_node.items() if user.startswith("system:bootstrap:") for c in cs]
+    assert len(bootstrap) >= len(NODES), sorted(by_node)
+    for csr in bootstrap:
+        conditions = {c["type"]: c for c in csr["status"].get("conditions") or []}
+        assert conditions["Approved"]["status"] == "True", csr["metadata"]["name"]
+        assert conditions["Approved"]["reason"] == "AutoApproved"  # the controller-manager's approver
+        assert csr["status"].get("certificate"), csr["metadata"]["name"]  # and its signer signed it
+        assert "system:bootstrappers" in csr["spec"]["groups"]
+
+
+def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
+    control_plane: lab.Lab, joined: dict[str, Any]
+) -> None:
+    for name in NODES:
+        host = control_plane.host(name)
+        tags = control_plane.pools[host.pool]["tags"]
+        node = get(control_plane, "node", name)
+        labels = {
+            autoscaling.template_tag("label", k): v
+            for k, v in node["metadata"]["labels"].items()
+            if not k.startswith(KUBELET_LABELS)
+        }
+        taints = {
+            autoscaling.template_tag("taint", t["key"]): f"{t.get('value', '')}:{t['effect']}"
+            for t in node["spec"].get("taints") or []
+        }
+        label_tags = {k: v for k, v in tags.items() if k.startswith(autoscaling.template_tag("label", ""))}
+        taint_tags = {k: v for k, v in tags.items() if k.startswith(autoscaling.template_tag("taint", ""))}
+        assert labels == label_tags, name
+        assert taints == taint_tags, name
+    # the GPU node waits behind the preflight taint; the CPU node has none
+    assert get(control_plane, "node", "gpu-1")["spec"].get("taints")
+    assert not get(control_plane, "node", "cpu-1")["spec"].get("taints")
+
+
+def _as_node(fleet: lab.Lab, name: str, method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    """A request to the API with the node's own kubelet credentials, from the node."""
+    server = fleet.facts["apiserver_address"], fleet.facts["apiserver_port"]
+    command = (
+        f"curl -sS -o /tmp/answer -w '%{{http_code}}' -X {method} --cacert /etc/kubernetes/pki/ca.crt "
+        f"--cert {CLIENT_CERT} --key {CLIENT_CERT} -H 'Content-Type: application/merge-patch+json' "
+        f"-d {shlex.quote(json.dumps(body))} https://{server[0]}:{server[1]}{path}; echo; cat /tmp/answer"
+    )
+    code, _, answer = sh(fleet, name, command).partition("\n")
+    return int(code), answer
+
+
+def test_a_nodes_credentials_change_its_own_node_but_not_another(
+    control_plane: lab.Lab, joined: dict[str, Any]
+) -> None:
+    mark = {"metadata": {"annotations": {"superkube.io/test-touch": str(time.time())}}}
+    code, answer = _as_node(control_plane, "gpu-1", "PATCH", "/api/v1/nodes/gpu-1", mark)
+    assert code == 200, answer
+    code, answer = _as_node(control_plane, "gpu-1", "PATCH", "/api/v1/nodes/cpu-1", mark)
+    assert code == 403, answer
+    status = json.loads(answer)
+    assert status["reason"] == "Forbidden"
+    assert 'node "gpu-1" is not allowed to modify node "cpu-1"' in status["message"], status["message"]
+    # and it cannot hand itself a label reserved to the cluster's admins (NodeRestriction)
+    reserved = {"metadata": {"labels": {"node-restriction.kubernetes.io/team": "mine"}}}
+    code, answer = _as_node(control_plane, "gpu-1", "PATCH", "/api/v1/nodes/gpu-1", reserved)
+    assert code == 403, answer
+
+
+def test_the_kubelet_client_certificate_rotates(control_plane: lab.Lab, joined: dict[str, Any]) -> None:
+    """The lab signs for minutes (hosts.LAB_CERT_DURATION): each kubelet renews on its own, with a CSR
+    in its node's name that the controller-manager approves, and goes on renewing its Lease with it."""
+    deadline = time.monotonic() + 300
+    rotated: dict[str, str] = {}
+    while len(rotated) < len(NODES):
+        for name in NODES:
+            now = sh(control_plane, name, f"readlink -f {CLIENT_CERT}").strip()
+            if now != joined["first_cert"][name]:
+                rotated[name] = now
+        assert time.monotonic() < deadline, (
+            f"no rotation within 5 minutes: {sorted(set(NODES) - set(rotated))}"
+        )
+        time.sleep(5)
+    renewals = [c for c in node_csrs(control_plane) if c["spec"]["username"].startswith("system:node:")]
+    for name in NODES:
+        own = [c for c in renewals if c["spec"]["username"] == f"system:node:{name}"]
+        assert own, f"{name} rotated without a CSR in its own name"
+        assert all(c["status"].get("certificate") for c in own)
+    lease_before = {
+        n: get(control_plane, "lease", "-n", "kube-node-lease", n)["spec"]["renewTime"] for n in NODES
+    }
+    time.sleep(12)  # the kubelet renews its Lease every 10 s (a quarter of the 40 s duration)
+    for name in NODES:
+        after = get(control_plane, "lease", "-n", "kube-node-lease", name)["spec"]["renewTime"]
+        assert after != lease_before[name], f"{name} stopped renewing its Lease after rotating"
