@@ -318,15 +318,23 @@ def _registration(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
 
 
 @_rendering
-def _lab_only_kubelet(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
-    for host in r.of(GPU_NODES, CPU_NODES):
+def _lab_only(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    for host in r.of(GPU_NODES)[:1] + r.of(CPU_NODES)[:1]:  # one of each group (its group vars)
+        urn = _vmss(view, host).urn
         document = r.var("kubelet", host, "kubelet_all_config")
         for field, lab_value in kube.LAB_ONLY_KUBELET_CONFIG.items():
             if field in document and document[field] == lab_value:
                 yield Finding(
                     f"the kubelet configuration sets {field}: {json.dumps(lab_value)}, a value only the lab "
                     "may set (its hosts' kernel mounts cgroup v1; nodes run cgroup v2)",
-                    _vmss(view, host).urn,
+                    urn,
+                )
+        for name, lab_value in kube.LAB_ONLY_NODE_SOFTWARE.items():
+            if r.var("node_software", host, name) == lab_value:
+                yield Finding(
+                    f"{name} is {json.dumps(lab_value)}, a value only the lab may set (its hosts are "
+                    "containers; a VM's runtime lowers OOM scores and makes keyrings)",
+                    urn,
                 )
 
 
@@ -416,12 +424,13 @@ RULES = [
         _registration,
     ),
     Rule(
-        "wiring-kubelet-lab-only",
+        "wiring-lab-only",
         "critical",
-        "No shipped stack's kubelet configuration carries a lab-only value (failCgroupV1: false).",
-        "Drop failCgroupV1 from kubelet_extra_config and the kubelet role; run nodes on an image with "
-        "cgroup v2 (the unified hierarchy), as the shipped images do.",
-        _lab_only_kubelet,
+        "No stack's nodes carry a value only the lab may set: failCgroupV1: false in the kubelet's "
+        "configuration, or containerd's restricted OOM scores and runc without session keyrings.",
+        "Drop failCgroupV1 from kubelet_extra_config and the node_software_restrict_oom_score_adj and "
+        "node_software_no_new_keyring variables; node images run cgroup v2 on VMs.",
+        _lab_only,
     ),
     Rule(
         "wiring-cluster-name",

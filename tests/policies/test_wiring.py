@@ -171,7 +171,14 @@ CASES: list[
         None,
         None,
         {"kubelet_extra_config": {"failCgroupV1": False}},
-        "wiring-kubelet-lab-only",
+        "wiring-lab-only",
+    ),
+    (
+        "group var: the lab's container runtime allowance",
+        None,
+        None,
+        {"node_software_no_new_keyring": True},
+        "wiring-lab-only",
     ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (

@@ -47,8 +47,11 @@ SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluste
 # no pod IP, so a node's pod limit is its pod IPs plus these.
 HOST_NETWORK_PODS = 8
 # Kubelet values only the lab sets (its hosts share a kernel that mounts cgroup v1 controllers, which
-# Kubernetes 1.35 refuses by default); the wiring-kubelet-lab-only rule keeps them out of every stack.
+# Kubernetes 1.35 refuses by default); the wiring-lab-only rule keeps them out of every stack.
 LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}
+# node_software values only the lab sets: its hosts are containers, which may neither lower an OOM
+# score nor make kernel keyrings (the same rule keeps them off in every stack).
+LAB_ONLY_NODE_SOFTWARE = {"node_software_restrict_oom_score_adj": True, "node_software_no_new_keyring": True}
 # The in-cluster `kubernetes` service takes the service range's first address, cluster DNS the tenth.
 KUBERNETES_SERVICE_INDEX = 1
 DNS_SERVICE_INDEX = 10

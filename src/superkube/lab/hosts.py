@@ -47,6 +47,7 @@ from superkube.cluster.kube import (
     GPU_NODES,
     GROUPS,
     LAB_ONLY_KUBELET_CONFIG,
+    LAB_ONLY_NODE_SOFTWARE,
     MONITORING,
     NAT_HOST,
 )
@@ -133,6 +134,9 @@ class Lab:
     # the pinned components from the lab's build, which the roles install where production installs
     # the release artefacts: binary name -> {path (on this machine), sha256, version}
     builds: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the images converge imports into each node's containerd (superkube.lab.images): name -> {ref,
+    # path (on this machine), sha256}
+    images: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def service_cidr(self) -> str:
@@ -640,7 +644,7 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
         os.chmod(target, int(mode, 8))
-    if host.group in (GPU_NODES, CPU_NODES):
+    if host.is_node:
         _write_kubelet_host_unit(merged)
     ssh = merged / "root" / ".ssh"
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -659,6 +663,18 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
     return merged
 
 
+def _node_host_options(lab: Lab, host: Host) -> list[str]:
+    """What a VM gives a node's runtime and a container does not by default: /var/lib/containerd on
+    this machine's own filesystem, as a VM has it on its disk (containerd's overlayfs snapshotter
+    cannot put an overlay's upper layer on the host's overlay root), and CAP_SYS_RESOURCE, with
+    which the runtime lowers a pod sandbox's OOM score (runc refuses to start a pod without it)."""
+    if not host.is_node:
+        return []
+    disk = _host_dir(lab, host) / "containerd"
+    disk.mkdir(parents=True, exist_ok=True)
+    return [f"--bind={disk}:/var/lib/containerd", "--capability=CAP_SYS_RESOURCE"]
+
+
 def boot(lab: Lab, host: Host) -> None:
     """Boot (or boot again) one host; its overlay keeps whatever it had."""
     merged = _prepare_root(lab, host)
@@ -675,6 +691,7 @@ def boot(lab: Lab, host: Host) -> None:
         f"--network-namespace-path=/run/netns/{host.netns}",
         "--capability=CAP_NET_RAW",
         f"--machine={PREFIX}-{host.name}",
+        *_node_host_options(lab, host),
         "-D",
         str(merged),
     ]
@@ -819,6 +836,13 @@ def write_inventory(lab: Lab) -> Path:
                 **{f"superkube_{k}": v for k, v in lab.facts.items()},
                 "nat_host_services": lab_services(lab),
                 "superkube_lab_builds": lab.builds,
+                "superkube_lab_images": lab.images,
+                **(
+                    {"node_software_sandbox_image": lab.images["pause"]["ref"]}
+                    if "pause" in lab.images
+                    else {}
+                ),
+                **LAB_ONLY_NODE_SOFTWARE,
                 "kubelet_extra_config": LAB_ONLY_KUBELET_CONFIG,
                 # kubelet client certificates for minutes, not a year: a test sees one rotate
                 "kube_controller_manager_extra_flags": {"cluster-signing-duration": LAB_CERT_DURATION},
@@ -831,6 +855,17 @@ def write_inventory(lab: Lab) -> Path:
     }
     lab.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
     return lab.inventory
+
+
+def lab_images() -> dict[str, dict[str, str]]:
+    """The images the lab's nodes import (built from the project's own sources, cached beside the
+    components' builds)."""
+    from superkube.lab import images
+
+    try:
+        return {name: image.as_fact() for name, image in images.lab_images().items()}
+    except build.BuildError as exc:
+        raise LabError(f"lab up needs its node images: {exc}") from None
 
 
 def built_binaries(progress: Callable[[str], None]) -> dict[str, dict[str, str]]:
@@ -863,6 +898,8 @@ def up(
     hosts, subnets, facts = layout(nodes if isinstance(nodes, dict) else parse_hosts(nodes))
     base = build_base_image(lambda what, f: progress(what, 0.5 * f), cache_dir)
     builds = built_binaries(lambda what: progress(what, 0.5))
+    progress("the node images (OCI archives)", 0.55)
+    images = lab_images()
     state_dir.mkdir(parents=True, exist_ok=True)
     progress("planning the stack's cloud-init and NICs", 0.6)
     cloud_init, pools = pool_facts()
@@ -875,6 +912,7 @@ def up(
         cloud_init=cloud_init,
         pools=pools,
         builds=builds,
+        images=images,
         **facts,
     )
     try:
@@ -976,16 +1014,25 @@ def _require(state_dir: Path) -> Lab:
 
 
 def _terminate(pid: int | None, grace: float = 30) -> None:
-    if not alive(pid):
-        return
-    assert pid is not None
-    os.kill(pid, signal.SIGTERM)  # nspawn asks the container's systemd to power off
+    _terminate_all([pid], grace)
+
+
+def _terminate_all(pids: Iterable[int | None], grace: float = 30) -> None:
+    """Power hosts off together (a node's runtime takes a while to stop its pods): SIGTERM to each,
+    which nspawn turns into a power-off of the container's systemd, then SIGKILL to what is left
+    after `grace`."""
+    left = [pid for pid in pids if pid is not None and alive(pid)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     end = time.monotonic() + grace
-    while time.monotonic() < end and alive(pid):
+    while time.monotonic() < end and any(alive(pid) for pid in left):
         time.sleep(0.2)
-    if alive(pid):
+    stuck = [pid for pid in left if alive(pid)]
+    for pid in stuck:
         with contextlib.suppress(ProcessLookupError):  # it may end between the check and the kill
             os.killpg(pid, signal.SIGKILL)
+    if stuck:
         time.sleep(0.5)
 
 
@@ -1078,10 +1125,9 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
     lab = Lab.load(state_dir)
     pids = [h.pid for h in lab.hosts] if lab else []
     pids += _lab_processes()
-    for pid in set(p for p in pids if p):
-        if alive(pid):
-            _terminate(pid)
-            removed.append(f"process {pid}")
+    running = [pid for pid in set(p for p in pids if p) if alive(pid)]
+    _terminate_all(running)
+    removed += [f"process {pid}" for pid in running]
     for line in reversed(Path("/proc/mounts").read_text().splitlines()):
         target = line.split()[1]
         if target.startswith(str(state_dir)):

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from superkube.cluster import cloudinit
-from superkube.cluster.kube import CPU_NODES, GPU_NODES
 from superkube.lab import layer
 from superkube.lab.errors import LabError
 from superkube.lab.hosts import Lab, run_on, ssh
@@ -32,7 +31,7 @@ class Joined:
 
 def node_hosts(lab: Lab, names: Iterable[str] = ()) -> list[str]:
     """The named hosts (all GPU and CPU nodes when none are named); each must be a node host."""
-    nodes = [h.name for h in lab.hosts if h.group in (GPU_NODES, CPU_NODES)]
+    nodes = [h.name for h in lab.hosts if h.is_node]
     wanted = list(names) or nodes
     wrong = [n for n in wanted if n not in nodes]
     if wrong:

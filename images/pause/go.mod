@@ -1,0 +1,3 @@
+module superkube.images/pause
+
+go 1.22

@@ -1,0 +1,164 @@
+"""Container images without a registry: built here from the project's own files as OCI image archives,
+named by their content digest, and imported into each lab node's containerd by converge.
+
+The lab's hosts reach no registry, so the images a pod needs arrive as files: the sandbox image (our
+own `pause`, from images/pause) first. An archive is an OCI image layout in one tar: `oci-layout`,
+`index.json` (one linux/amd64 manifest, with the name containerd imports it under) and the blobs.
+Every byte is deterministic (sorted entries, zero times and owners, gzip without a name or time), so
+the same sources give the same digest and a changed source always gives a new name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from superkube.lab import build
+
+SOURCES = "images"  # in the project (the checkout's Pulumi.yaml directory): one directory per image
+REGISTRY = "superkube.local"  # a name no host resolves: these images are only ever imported
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str  # e.g. pause
+    ref: str  # what containerd and pods call it: superkube.local/<name>:<digest prefix>
+    archive: Path  # the OCI archive on this machine
+    sha256: str  # of the archive file, which converge checks after copying it
+
+    def as_fact(self) -> dict[str, str]:
+        return {"ref": self.ref, "path": str(self.archive), "sha256": self.sha256}
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _layer(files: dict[str, tuple[bytes, int]]) -> bytes:
+    """An uncompressed tar of `files` (path -> content, mode), root-owned, time zero, sorted."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            content, mode = files[path]
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode, info.mtime = len(content), mode, 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+def oci_archive(
+    name: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str], out_dir: Path
+) -> Image:
+    """Write `name`'s OCI archive (one layer of `files`) into out_dir; its tag is its manifest's digest."""
+    layer = _layer(files)
+    gz = io.BytesIO()
+    with gzip.GzipFile(fileobj=gz, mode="wb", mtime=0, filename="") as z:
+        z.write(layer)
+    layer_gz = gz.getvalue()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint, "User": "65535:65535"},
+            "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
+        },
+        sort_keys=True,
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": _digest(config), "size": len(config)},
+            "layers": [{"mediaType": OCI_LAYER, "digest": _digest(layer_gz), "size": len(layer_gz)}],
+        },
+        sort_keys=True,
+    ).encode()
+    tag = _digest(manifest).removeprefix("sha256:")[:16]
+    ref = f"{REGISTRY}/{name}:{tag}"
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": OCI_MANIFEST,
+                    "digest": _digest(manifest),
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": ref,
+                        "org.opencontainers.image.ref.name": tag,
+                    },
+                }
+            ],
+        },
+        sort_keys=True,
+    ).encode()
+    entries = {
+        "oci-layout": json.dumps({"imageLayoutVersion": "1.0.0"}).encode(),
+        "index.json": index,
+        **{f"blobs/sha256/{_digest(b).removeprefix('sha256:')}": b for b in (config, manifest, layer_gz)},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    archive = out_dir / f"{name}-{tag}.tar"
+    data = _layer({path: (content, 0o644) for path, content in entries.items()})
+    if not archive.exists() or archive.read_bytes() != data:
+        tmp = archive.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, archive)
+    return Image(name, ref, archive, hashlib.sha256(data).hexdigest())
+
+
+def _go_build(source: Path, out: Path) -> None:
+    """A static binary from one of our own Go programs (no dependencies: nothing to download)."""
+    env = {
+        **os.environ,
+        "CGO_ENABLED": "0",
+        "GOFLAGS": "-mod=mod -buildvcs=false",
+        "GOOS": "linux",
+        "GOARCH": "amd64",
+    }
+    try:
+        proc = subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", str(out), "."],
+            cwd=source, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    except FileNotFoundError:
+        raise build.BuildError("go is not installed: install the Go toolchain (Debian: golang-go)") from None
+    if proc.returncode != 0:
+        raise build.BuildError(f"building {source.name}: {proc.stderr.strip()[-500:]}")
+
+
+def pause(cache_dir: Path = build.CACHE_DIR) -> Image:
+    """The sandbox image: images/pause, built static, as /pause. Cached by its sources and Go version."""
+    from superkube.plan import engine as planning
+
+    source = planning.find_project() / SOURCES / "pause"
+    sums = hashlib.sha256()
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        sums.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
+    where = cache_dir / "images" / "pause" / f"{sums.hexdigest()[:16]}-go{build.go_version()}"
+    binary = where / "pause"
+    if not binary.exists():
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=where) as tmp:
+            _go_build(source, Path(tmp) / "pause")
+            os.replace(Path(tmp) / "pause", binary)
+    return oci_archive("pause", {"/pause": (binary.read_bytes(), 0o755)}, ["/pause"], where)
+
+
+def lab_images(cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
+    """Every image the lab's nodes get, by name."""
+    return {"pause": pause(cache_dir)}

@@ -1,0 +1,79 @@
+"""The node images as OCI archives: built from the project's own files, named by content, the same
+bytes every time (no lab needed; the lab's nodes import them in test_running_nodes)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import signal
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from superkube.lab import images
+
+
+def _entries(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def _blob(entries: dict[str, bytes], digest: str) -> bytes:
+    data = entries[f"blobs/sha256/{digest.removeprefix('sha256:')}"]
+    assert "sha256:" + hashlib.sha256(data).hexdigest() == digest  # content-addressed, as OCI says
+    return data
+
+
+def test_an_archive_is_an_oci_layout_whose_name_is_its_digest(tmp_path: Path) -> None:
+    image = images.oci_archive(
+        "tool", {"/bin/tool": (b"#!/bin/sh\necho hi\n", 0o755)}, ["/bin/tool"], tmp_path
+    )
+    entries = _entries(image.archive)
+    assert json.loads(entries["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    (entry,) = json.loads(entries["index.json"])["manifests"]
+    assert entry["platform"] == {"architecture": "amd64", "os": "linux"}
+    assert entry["annotations"]["io.containerd.image.name"] == image.ref
+    assert image.ref == f"{images.REGISTRY}/tool:{entry['digest'].removeprefix('sha256:')[:16]}"
+    manifest = json.loads(_blob(entries, entry["digest"]))
+    config = json.loads(_blob(entries, manifest["config"]["digest"]))
+    (layer_ref,) = manifest["layers"]
+    layer = gzip.decompress(_blob(entries, layer_ref["digest"]))
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert config["config"]["Entrypoint"] == ["/bin/tool"]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        (member,) = tar.getmembers()
+        assert (member.name, member.mode, member.uid, member.mtime) == ("bin/tool", 0o755, 0, 0)
+    assert image.sha256 == hashlib.sha256(image.archive.read_bytes()).hexdigest()
+
+
+def test_the_same_files_give_the_same_bytes_and_a_change_gives_a_new_name(tmp_path: Path) -> None:
+    files = {"/a": (b"one", 0o644)}
+    first = images.oci_archive("x", files, ["/a"], tmp_path / "1")
+    again = images.oci_archive("x", files, ["/a"], tmp_path / "2")
+    assert first.ref == again.ref and first.archive.read_bytes() == again.archive.read_bytes()
+    changed = images.oci_archive("x", {"/a": (b"two", 0o644)}, ["/a"], tmp_path / "3")
+    assert changed.ref != first.ref
+
+
+def test_pause_is_built_static_and_exits_on_sigterm(tmp_path: Path) -> None:
+    image = images.pause()
+    assert image.ref.startswith(f"{images.REGISTRY}/pause:")
+    entries = _entries(image.archive)
+    (entry,) = json.loads(entries["index.json"])["manifests"]
+    manifest = json.loads(_blob(entries, entry["digest"]))
+    layer = gzip.decompress(_blob(entries, manifest["layers"][0]["digest"]))
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        binary = tar.extractfile("pause").read()  # type: ignore[union-attr]
+    assert binary[:4] == b"\x7fELF" and b"/lib64/ld-linux" not in binary  # no interpreter: static
+    path = tmp_path / "pause"
+    path.write_bytes(binary)
+    path.chmod(0o755)
+    with subprocess.Popen([str(path)], stderr=subprocess.DEVNULL) as proc:
+        time.sleep(0.3)
+        assert proc.poll() is None  # it waits
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    assert images.pause().ref == image.ref  # cached: the same sources, the same name
