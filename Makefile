@@ -56,4 +56,5 @@ bench: install-test debian-deps
 	$(BIN)/python bench/team_webhook.py
 	$(BIN)/python bench/build.py
 	$(BIN)/python bench/agents_at_scale.py
+	$(BIN)/python bench/real_nodes.py
 	$(BIN)/python bench/figures.py --write

@@ -135,6 +135,7 @@ def summary_table() -> str:
             "team_webhook.json",
         ),
         *_agents_rows(),
+        *_real_nodes_rows(),
         (
             "`superkube lab build` from empty caches: "
             + " / ".join(built["cold_per_component_s"])
@@ -151,6 +152,27 @@ def summary_table() -> str:
         ),
     ]
     return _table(("figure", "value", "from"), rows)
+
+
+def _real_nodes_rows() -> list[tuple[str, str, str]]:
+    """Real kubelets on the lab's nodes (bench/real_nodes.py)."""
+    real = results("real_nodes")
+    joined = real["kubelet_to_ready_s"]
+    return [
+        (
+            "lab nodes joining by TLS bootstrap: the kubelet's start to its Node Ready ("
+            + " / ".join(joined)
+            + ")",
+            " / ".join(f"{s:.1f}" for s in joined.values()) + " s",
+            "real_nodes.json",
+        ),
+        (
+            f"{real['pods_per_round']} pods at once on one lab node through kubelet, containerd, runc and the "
+            f"CNI chain: create -> Ready p50 / p99 (median of {len(real['rounds'])} rounds)",
+            f"{real['p50_s_median']:.1f} / {real['p99_s_median']:.1f} s",
+            "real_nodes.json",
+        ),
+    ]
 
 
 def _agents_rows() -> list[tuple[str, str, str]]:
