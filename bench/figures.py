@@ -168,7 +168,7 @@ def _real_nodes_rows() -> list[tuple[str, str, str]]:
         ),
         (
             f"{real['pods_per_round']} pods at once on one lab node through kubelet, containerd, runc and the "
-            f"CNI chain: create -> Ready p50 / p99 (median of {len(real['rounds'])} rounds)",
+            f"CNI chain: create -> Ready p50 / slowest (median of {len(real['rounds'])} rounds)",
             f"{real['p50_s_median']:.1f} / {real['p99_s_median']:.1f} s",
             "real_nodes.json",
         ),

@@ -85,6 +85,7 @@ def _left_running(grace_s: float = 5.0) -> list[str]:
     return lines
 
 
+@pytest.hookimpl(trylast=True)  # after every plugin's own session end
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """On CI a skipped test is a failure: whatever it needs must be installed, not skipped. And every
     thread a test started must have been stopped by the end."""

@@ -58,6 +58,12 @@ def test_the_same_files_give_the_same_bytes_and_a_change_gives_a_new_name(tmp_pa
     assert changed.ref != first.ref
 
 
+def _catches(pid: int, sig: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (sig - 1)))
+
+
 def test_pause_is_built_static_and_exits_on_sigterm(tmp_path: Path) -> None:
     image = images.pause()
     assert image.ref.startswith(f"{images.REGISTRY}/pause:")
@@ -72,7 +78,10 @@ def test_pause_is_built_static_and_exits_on_sigterm(tmp_path: Path) -> None:
     path.write_bytes(binary)
     path.chmod(0o755)
     with subprocess.Popen([str(path)], stderr=subprocess.DEVNULL) as proc:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while not _catches(proc.pid, signal.SIGTERM):  # its handler is in place: a signal now is its own
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         assert proc.poll() is None  # it waits
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0

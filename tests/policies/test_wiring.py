@@ -180,6 +180,13 @@ CASES: list[
         {"node_software_no_new_keyring": True},
         "wiring-lab-only",
     ),
+    (
+        "group var: pods at containerd's OOM score",
+        None,
+        None,
+        {"node_software_restrict_oom_score_adj": True},
+        "wiring-lab-only",
+    ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (
         "group var: controller-manager cluster name",

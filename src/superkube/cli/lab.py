@@ -159,7 +159,10 @@ def lab_join(
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
     for j in joined:
-        out.print(f"{j.name}: Ready {j.kubelet_to_ready_s:.1f} s after its kubelet started")
+        if j.kubelet_to_ready_s is None:
+            out.print(f"{j.name}: already Ready")
+        else:
+            out.print(f"{j.name}: Ready {j.kubelet_to_ready_s:.1f} s after its kubelet started")
 
 
 @lab_app.command("build")

@@ -571,8 +571,9 @@ def lab_join_script(planned: str) -> str:
 
 
 # What a VM gives a kubelet and a container does not. systemd-nspawn mounts the cgroup v1 hierarchies
-# read-only (the kubelet makes its QoS cgroups in them) and there is no /dev/kmsg (the kubelet's OOM
-# watcher reads it). Lab only: written by `lab up` into node hosts, never by a role.
+# read-only (the kubelet makes its QoS cgroups in them) and there is no /dev/kmsg, without which the
+# kubelet will not start (its OOM watcher opens it). The lab links it to the console: the kubelet
+# starts, but sees no kernel OOM events. Lab only: written by `lab up` into node hosts, never by a role.
 KUBELET_HOST_SCRIPT = """#!/bin/sh
 set -eu
 mount -o remount,rw /sys/fs/cgroup
@@ -664,15 +665,16 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
 
 
 def _node_host_options(lab: Lab, host: Host) -> list[str]:
-    """What a VM gives a node's runtime and a container does not by default: /var/lib/containerd on
-    this machine's own filesystem, as a VM has it on its disk (containerd's overlayfs snapshotter
-    cannot put an overlay's upper layer on the host's overlay root), and CAP_SYS_RESOURCE, with
-    which the runtime lowers a pod sandbox's OOM score (runc refuses to start a pod without it)."""
+    """What a VM gives a node's runtime and a container does not: /var/lib/containerd on this
+    machine's own filesystem, as a VM has it on its disk (containerd's overlayfs snapshotter cannot
+    put an overlay's upper layer on the host's overlay root). Not CAP_SYS_RESOURCE, which runc
+    needs to lower a pod's OOM score: this machine's own bounding set lacks it, so the lab's
+    inventory sets node_software_restrict_oom_score_adj instead."""
     if not host.is_node:
         return []
     disk = _host_dir(lab, host) / "containerd"
     disk.mkdir(parents=True, exist_ok=True)
-    return [f"--bind={disk}:/var/lib/containerd", "--capability=CAP_SYS_RESOURCE"]
+    return [f"--bind={disk}:/var/lib/containerd"]
 
 
 def boot(lab: Lab, host: Host) -> None:
@@ -744,7 +746,12 @@ def ssh(lab: Lab, host: Host, command: str, timeout: float = 60) -> subprocess.C
 def run_on(lab: Lab, name: str, command: str, timeout: float = 60) -> str:
     """Run `command` on host `name` and return its output; a non-zero exit raises LabError with
     the host, the command and what it printed on stderr."""
-    proc = ssh(lab, lab.host(name), command, timeout=timeout)
+    try:
+        proc = ssh(lab, lab.host(name), command, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise LabError(
+            f"{name}: {command[:160]}: no answer in {timeout:.0f} s (lab status shows the host)"
+        ) from None
     if proc.returncode != 0:
         raise LabError(f"{name}: {command[:160]}: exit {proc.returncode}: {proc.stderr.strip()}")
     return proc.stdout
@@ -1143,7 +1150,10 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
         removed.append(f"netns {name}")
     _end(_lab_clients(state_dir), signal.SIGTERM, "(client)", removed)
     if state_dir.exists():
-        shutil.rmtree(state_dir, onerror=_gone_already)
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(state_dir, onexc=lambda f, p, e: _gone_already(f, p, (type(e), e, None)))
+        else:
+            shutil.rmtree(state_dir, onerror=_gone_already)
         removed.append(f"state {state_dir}")
     return removed
 

@@ -5,7 +5,7 @@ The lab's hosts reach no registry, so the images a pod needs arrive as files: th
 own `pause`, from images/pause) first. An archive is an OCI image layout in one tar: `oci-layout`,
 `index.json` (one linux/amd64 manifest, with the name containerd imports it under) and the blobs.
 Every byte is deterministic (sorted entries, zero times and owners, gzip without a name or time), so
-the same sources give the same digest and a changed source always gives a new name.
+the same sources, Go toolchain and zlib give the same digest, and a changed source a new name.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from superkube.lab import build
 
 SOURCES = "images"  # in the project (the checkout's Pulumi.yaml directory): one directory per image
 REGISTRY = "superkube.local"  # a name no host resolves: these images are only ever imported
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -91,6 +92,7 @@ def oci_archive(
     index = json.dumps(
         {
             "schemaVersion": 2,
+            "mediaType": OCI_INDEX,
             "manifests": [
                 {
                     "mediaType": OCI_MANIFEST,
@@ -115,8 +117,9 @@ def oci_archive(
     archive = out_dir / f"{name}-{tag}.tar"
     data = _layer({path: (content, 0o644) for path, content in entries.items()})
     if not archive.exists() or archive.read_bytes() != data:
-        tmp = archive.with_suffix(".tmp")
-        tmp.write_bytes(data)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, archive)
     return Image(name, ref, archive, hashlib.sha256(data).hexdigest())
 
@@ -129,6 +132,7 @@ def _go_build(source: Path, out: Path) -> None:
         "GOFLAGS": "-mod=mod -buildvcs=false",
         "GOOS": "linux",
         "GOARCH": "amd64",
+        "GOTOOLCHAIN": "local",  # the installed Go, never a downloaded one
     }
     try:
         proc = subprocess.run(

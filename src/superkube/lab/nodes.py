@@ -26,7 +26,7 @@ JOIN_PATH = "superkube-join.path"
 @dataclass(frozen=True)
 class Joined:
     name: str
-    kubelet_to_ready_s: float  # from the kubelet's process start to its Node seen Ready
+    kubelet_to_ready_s: float | None  # from the kubelet's start to its Node seen Ready; None: it was already
 
 
 def node_hosts(lab: Lab, names: Iterable[str] = ()) -> list[str]:
@@ -43,9 +43,12 @@ def node_hosts(lab: Lab, names: Iterable[str] = ()) -> list[str]:
 
 def ready_nodes(lab: Lab) -> set[str]:
     """Nodes whose Ready condition is True, as the lab's API server says."""
-    proc = subprocess.run(
-        [*layer.kubectl(lab), "get", "nodes", "-o", "json"], capture_output=True, text=True, timeout=60
-    )
+    try:
+        proc = subprocess.run(
+            [*layer.kubectl(lab), "get", "nodes", "-o", "json"], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return set()
     if proc.returncode != 0:
         return set()  # an API server in a fault test, say: the caller's deadline decides
     ready = set()
@@ -69,11 +72,12 @@ def join(
             raise LabError(
                 f"{name} has no {cloudinit.BOOTSTRAP_KUBECONFIG}: run `superkube converge` on the lab first"
             )
+    already = ready_nodes(lab) & set(wanted)
     for name in wanted:
         run_on(lab, name, f"systemctl enable --now {JOIN_PATH}")
-        progress(f"{name}: join started")
+        progress(f"{name}: already Ready" if name in already else f"{name}: join started")
     deadline = time.monotonic() + timeout_s
-    seen: dict[str, float] = {}
+    seen: dict[str, float] = {name: 0.0 for name in already}
     while len(seen) < len(wanted):
         for name in ready_nodes(lab) & set(wanted) - set(seen):
             seen[name] = time.monotonic()
@@ -90,17 +94,24 @@ def join(
         time.sleep(0.5)
     joined = []
     for name in wanted:
-        started_us = int(
-            run_on(lab, name, "systemctl show kubelet -p ExecMainStartTimestampMonotonic --value").strip()
-            or 0
-        )
+        if name in already:
+            joined.append(Joined(name, None))
+            continue
+        started = run_on(
+            lab, name, "systemctl show kubelet -p ExecMainStartTimestampMonotonic --value"
+        ).strip()
+        if not started.isdigit() or int(started) == 0:
+            raise LabError(f"{name}: Ready, but systemd has no start time for its kubelet ({started!r})")
         # the hosts share this machine's kernel, so their monotonic clock is this process's
-        joined.append(Joined(name, round(seen[name] - started_us / 1e6, 2)))
+        joined.append(Joined(name, round(seen[name] - int(started) / 1e6, 2)))
     return joined
 
 
 def _kubelet_tail(lab: Lab, name: str) -> str:
-    proc = ssh(
-        lab, lab.host(name), "systemctl is-active kubelet; journalctl -u kubelet -n 3 --no-pager -o cat"
-    )
+    try:
+        proc = ssh(
+            lab, lab.host(name), "systemctl is-active kubelet; journalctl -u kubelet -n 3 --no-pager -o cat"
+        )
+    except subprocess.TimeoutExpired:
+        return "no answer over SSH"
     return " / ".join(line.strip()[:200] for line in proc.stdout.splitlines() if line.strip()) or "no output"
