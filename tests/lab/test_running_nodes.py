@@ -24,6 +24,7 @@ from superkube.cluster import autoscaling
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import nodes
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import get, kubectl, ok, sh
 
 NODES = ("gpu-1", "cpu-1")
@@ -155,7 +156,7 @@ kind: Pod
 metadata: {{name: {name}, namespace: kube-system, labels: {{superkube.io/test: runtime}}}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {node}}}
-  tolerations: [{{key: superkube.io/preflight, operator: Exists, effect: NoSchedule}}]
+  tolerations: [{{key: {preflight}, operator: Exists, effect: NoSchedule}}]
   containers:
   - {{name: main, image: "{image}", imagePullPolicy: Never}}
 """
@@ -182,7 +183,9 @@ def test_pods_run_through_the_real_runtime_on_their_nodes_vnet_ips(
     and a pod on one node reaches a pod on the other with its own IP as the source."""
     image = control_plane.images["pause"]["ref"]
     names = {node: f"runtime-{node}" for node in NODES}
-    manifests = "---\n".join(POD.format(name=names[n], node=n, image=image) for n in NODES)
+    manifests = "---\n".join(
+        POD.format(name=names[n], node=n, image=image, preflight=PREFLIGHT_TAINT_KEY) for n in NODES
+    )
     ok(control_plane, "apply", "-f", "-", stdin=manifests)
     try:
         ok(

@@ -636,7 +636,7 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
         "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in lab.hosts)
     )
     # cloud-init's files, as Azure's cloud-init writes them on the pool's VMs. Its runcmd (enabling
-    # the join path unit) is left to whoever wants the node to join (`join_nodes`): most labs have no
+    # the join path unit) is left to whoever wants the node to join (superkube.lab.nodes.join): most labs have no
     # API server for a kubelet to join.
     for path, (content, mode) in lab.cloud_init.get(host.pool, {}).items():
         if path == cloudinit.JOIN_SCRIPT:

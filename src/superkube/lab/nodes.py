@@ -14,13 +14,14 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from superkube.cluster import cloudinit
 from superkube.lab import layer
 from superkube.lab.errors import LabError
 from superkube.lab.hosts import Lab, run_on, ssh
 
-JOIN_PATH = "superkube-join.path"
+JOIN_PATH = Path(cloudinit.JOIN_PATH_UNIT).name  # the unit cloud-init's runcmd enables
 
 
 @dataclass(frozen=True)
