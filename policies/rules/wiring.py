@@ -254,11 +254,12 @@ def _max_pods(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
         ) or [{}]
         pod_ips = max(len(nics[0].get("ipConfigurations") or []) - 1, 0)
         got = r.var("kubelet", host, "kubelet_all_config").get("maxPods")
-        want = pod_ips + kube.HOST_NETWORK_PODS
+        host_network = kube.HOST_NETWORK_PODS["gpu" if host.group == GPU_NODES else "cpu"]
+        want = pod_ips + host_network
         if got != want:
             yield Finding(
                 f"kubelet maxPods is {got}; the NIC carries {pod_ips} pod IPs, so it must be "
-                f"{pod_ips} + {kube.HOST_NETWORK_PODS} host-network pods = {want}",
+                f"{pod_ips} + {host_network} host-network pods = {want}",
                 vmss.urn,
             )
 

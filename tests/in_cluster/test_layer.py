@@ -14,7 +14,7 @@ import yaml
 
 from superkube.cluster import autoscaling
 from superkube.cluster.inventory import cluster_facts
-from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE
+from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE, HOST_NETWORK_PODS
 from superkube.model import vmsizes
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.teams import TEAM_KEY
@@ -256,6 +256,27 @@ def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan
     (config,) = [c for c in of_kind(any_plan, "ConfigMap") if c["metadata"]["name"] == "superkube-gpu-health"]
     assert config["data"]["gpu_health.yaml"] == THRESHOLDS.read_text()
     Thresholds.model_validate(yaml.safe_load(config["data"]["gpu_health.yaml"]))
+
+
+def test_a_nodes_pod_limit_counts_exactly_the_host_network_pods_it_runs(any_plan: Plan) -> None:
+    """maxPods is the NIC's pod IPs plus the host-network pods a serving node of the pool runs: with
+    one more, the scheduler would bind a pod the CNI has no IP for. Counted here from the layer's own
+    DaemonSets: those on the host network whose selector a serving node matches (preflight selects only
+    nodes still labelled pending, behind its taint, which no pod that needs an IP passes)."""
+    sets = of_kind(any_plan, "DaemonSet")
+    assert sets, "the layer runs host-network agents"
+    for pool in any_plan.spec.node_pools:
+        serving = {"superkube.io/pool": pool.name}  # a passed node has lost the preflight label
+        host_network = [
+            d["metadata"]["name"]
+            for d in sets
+            if d["spec"]["template"]["spec"].get("hostNetwork")
+            and all(serving.get(k) == v for k, v in d["spec"]["template"]["spec"]["nodeSelector"].items())
+        ]
+        assert len(host_network) == HOST_NETWORK_PODS[pool.role], (pool.name, host_network)
+        assert cluster_facts(any_plan.spec, any_plan.addresses)["pools"][pool.name]["max_pods"] == (
+            pool.pod_ips_per_node + len(host_network)
+        )
 
 
 def test_preflight_has_the_memory_of_the_burn_it_runs(any_plan: Plan) -> None:

@@ -487,7 +487,7 @@ def test_nodes_register_as_the_autoscaler_expects_and_fit_their_pod_ips(
         pool_name = control_plane.host(host).pool
         pool = next(p for p in spec.node_pools if p.name == pool_name)
         config = yaml.safe_load(sh(control_plane, host, "cat /var/lib/kubelet/config.yaml"))
-        assert config["maxPods"] == pool.pod_ips_per_node + kube.HOST_NETWORK_PODS
+        assert config["maxPods"] == pool.pod_ips_per_node + kube.HOST_NETWORK_PODS[pool.role]
         assert config["clusterDNS"] == [kube.service_ip(spec.service_cidr, kube.DNS_SERVICE_INDEX)]
         assert "registerWithTaints" not in config  # cloud-init alone registers
         assert reference.problems(config, flagship.spec.kubernetes_version) == []

@@ -104,7 +104,7 @@ CASES: list[
         _inventory_var(
             "superkube_pools",
             {
-                "gpu": {"role": "gpu", "pod_ips_per_node": 7, "max_pods": 32},
+                "gpu": {"role": "gpu", "pod_ips_per_node": 7, "max_pods": 15},
                 "cpu": {"role": "cpu", "pod_ips_per_node": 30, "max_pods": 38},
             },
         ),

@@ -43,9 +43,11 @@ TEAM_WEBHOOK_PORT = 8443  # the team admission webhook's HTTPS port in its pod (
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
-# Pods a node runs on the host network (node agents: health, preflight, GPU metrics...). They take
-# no pod IP, so a node's pod limit is its pod IPs plus these.
-HOST_NETWORK_PODS = 8
+# The host-network pods a serving node runs, by pool role: they count against its pod limit but take
+# no pod IP. A GPU node runs the health agent (modules/platform/node_health). Preflight, the other
+# host-network agent, runs only while the node is behind the preflight taint, when no pod that needs
+# an IP lands; counting it would let the scheduler place one pod more than the NIC has IPs for.
+HOST_NETWORK_PODS = {"gpu": 1, "cpu": 0}
 # Kubelet values only the lab sets (its hosts share a kernel that mounts cgroup v1 controllers, which
 # Kubernetes 1.35 refuses by default); the wiring-lab-only rule keeps them out of every stack.
 LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}
@@ -89,8 +91,10 @@ def apiserver_ip_sans(addresses: AddressPlan) -> list[str]:
 
 
 def max_pods(pool: NodePool) -> int:
-    """The kubelet's pod limit: one pod per VNet IP of the NIC, plus host-network node agents."""
-    return pool.pod_ips_per_node + HOST_NETWORK_PODS
+    """The kubelet's pod limit, which the scheduler counts: one pod per VNet IP of the NIC, plus the
+    host-network pods its role runs. A limit above that lets the scheduler bind a pod the CNI has no IP
+    for, which then loops in ContainerCreating; at it, such a pod waits Pending ("Too many pods")."""
+    return pool.pod_ips_per_node + HOST_NETWORK_PODS[pool.role]
 
 
 def metrics_store_write_urls(spec: ClusterSpec, addresses: AddressPlan) -> list[str]:
