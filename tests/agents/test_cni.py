@@ -225,7 +225,12 @@ def test_rates_the_kubelet_would_refuse_are_refused(text: str) -> None:
 
 def test_the_cri_burst_is_bounded_and_the_rate_kept() -> None:
     caps = capabilities("10M")
-    assert caps["bandwidth"] == {"egressRate": 10**7, "egressBurst": CRI_BURST}
+    assert caps["bandwidth"] == {
+        "IngressRate": 0,
+        "IngressBurst": 0,
+        "EgressRate": 10**7,
+        "EgressBurst": CRI_BURST,
+    }
     out = cni_bandwidth.shaped(
         {"type": "superkube-bandwidth", "runtimeConfig": caps, "capabilities": {"bandwidth": True}}
     )
@@ -237,6 +242,11 @@ def test_the_cri_burst_is_bounded_and_the_rate_kept() -> None:
     # a burst already smaller than ours is left alone
     small = cni_bandwidth.shaped({"runtimeConfig": {"bandwidth": {"egressRate": 10**9, "egressBurst": 8000}}})
     assert small["runtimeConfig"]["bandwidth"]["egressBurst"] == 8000
+    # CNI's own spelling is read too, and wins where a runtime sent both
+    spelled = cni_bandwidth.shaped(
+        {"runtimeConfig": {"bandwidth": {"egressRate": 10**7, "EgressRate": 1, "egressBurst": CRI_BURST}}}
+    )
+    assert spelled["runtimeConfig"]["bandwidth"] == {"egressRate": 10**7, "egressBurst": 64 * 1024 * 8}
 
 
 def test_the_pool_default_applies_only_where_the_pod_asks_for_nothing() -> None:

@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import signal
+import socket
 import subprocess
 import tarfile
 import time
@@ -64,19 +65,25 @@ def _catches(pid: int, sig: int) -> bool:
     return bool(caught & (1 << (sig - 1)))
 
 
-def test_pause_is_built_static_and_exits_on_sigterm(tmp_path: Path) -> None:
-    image = images.pause()
-    assert image.ref.startswith(f"{images.REGISTRY}/pause:")
+def _static_binary(image: images.Image, tmp_path: Path) -> Path:
+    """The image's one program, taken out of its layer into tmp_path, after checking it is static."""
+    assert image.ref.startswith(f"{images.REGISTRY}/{image.name}:")
     entries = _entries(image.archive)
     (entry,) = json.loads(entries["index.json"])["manifests"]
     manifest = json.loads(_blob(entries, entry["digest"]))
     layer = gzip.decompress(_blob(entries, manifest["layers"][0]["digest"]))
     with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
-        binary = tar.extractfile("pause").read()  # type: ignore[union-attr]
+        binary = tar.extractfile(image.name).read()  # type: ignore[union-attr]
     assert binary[:4] == b"\x7fELF" and b"/lib64/ld-linux" not in binary  # no interpreter: static
-    path = tmp_path / "pause"
+    path = tmp_path / image.name
     path.write_bytes(binary)
     path.chmod(0o755)
+    return path
+
+
+def test_pause_is_built_static_and_exits_on_sigterm(tmp_path: Path) -> None:
+    image = images.pause()
+    path = _static_binary(image, tmp_path)
     with subprocess.Popen([str(path)], stderr=subprocess.DEVNULL) as proc:
         deadline = time.monotonic() + 10
         while not _catches(proc.pid, signal.SIGTERM):  # its handler is in place: a signal now is its own
@@ -86,3 +93,27 @@ def test_pause_is_built_static_and_exits_on_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     assert images.pause().ref == image.ref  # cached: the same sources, the same name
+
+
+def test_netload_counts_what_arrives_and_reports_it_as_the_sender(tmp_path: Path) -> None:
+    path = _static_binary(images.netload(), tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with subprocess.Popen([str(path), "sink", str(port)], stderr=subprocess.PIPE) as sink:
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                sent = subprocess.run(
+                    [str(path), "send", f"127.0.0.1:{port}", "0.5"], capture_output=True, text=True
+                )
+                if sent.returncode == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)  # the sink is not listening yet
+            assert sent.returncode == 0, sent.stderr
+            got = json.loads(sent.stdout)
+            assert got["bytes"] > 1 << 20 and 0.3 < got["seconds"] < 5, got
+        finally:
+            sink.terminate()
+    wrong = subprocess.run([str(path), "send", "127.0.0.1:1", "soon"], capture_output=True, text=True)
+    assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1 and "SECONDS" in wrong.stderr

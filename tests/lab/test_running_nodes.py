@@ -12,9 +12,11 @@ import base64
 import json
 import shlex
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
@@ -24,6 +26,7 @@ from superkube.cluster import autoscaling
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import nodes
+from superkube.model import rates
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import get, kubectl, ok, sh
 
@@ -241,6 +244,176 @@ def test_pods_run_through_the_real_runtime_on_their_nodes_vnet_ips(
             SELECTOR,
             "--wait=true",
             "--timeout=60s",
+        )
+
+
+NETLOAD_POD = """apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: kube-system
+  labels: {{superkube.io/test: netload}}
+  annotations: {annotations}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  tolerations: [{{key: {preflight}, operator: Exists, effect: NoSchedule}}]
+  restartPolicy: Never
+  containers:
+  - {{name: main, image: "{image}", imagePullPolicy: Never, args: {args}}}
+"""
+SINK_PORT = 7300
+
+
+def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str]) -> None:
+    manifest = NETLOAD_POD.format(
+        name=name,
+        node=node,
+        image=fleet.images["netload"]["ref"],
+        preflight=PREFLIGHT_TAINT_KEY,
+        args=json.dumps(args),
+        annotations=json.dumps(annotations),
+    )
+    ok(fleet, "apply", "-f", "-", stdin=manifest)
+
+
+@pytest.fixture(scope="module")
+def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
+    """A netload sink pod on cpu-1: its address, for senders on gpu-1."""
+    _netload(control_plane, "netload-sink", "cpu-1", ["sink", str(SINK_PORT)], {})
+    try:
+        ok(
+            control_plane,
+            "-n",
+            "kube-system",
+            "wait",
+            "--for=condition=Ready",
+            "--timeout=120s",
+            "pod/netload-sink",
+        )
+        yield str(get(control_plane, "-n", "kube-system", "pod", "netload-sink")["status"]["podIP"])
+    finally:
+        kubectl(
+            control_plane,
+            "-n",
+            "kube-system",
+            "delete",
+            "pod",
+            "netload-sink",
+            "--wait=true",
+            "--timeout=60s",
+        )
+
+
+@pytest.mark.parametrize("limit", ["10M", "100M", "1G"])
+def test_a_pods_egress_annotation_holds_through_the_real_runtime(
+    control_plane: lab.Lab, sink: str, limit: str
+) -> None:
+    """The kubelet hands `kubernetes.io/egress-bandwidth` to containerd, whose CRI plugin asks the CNI
+    chain for that rate with a burst of 2^32-1 bits; superkube-bandwidth bounds the burst, so what
+    the receiving pod on the other node counts is the limit, within 10 %."""
+    name = f"netload-{limit.lower()}"
+    _netload(
+        control_plane,
+        name,
+        "gpu-1",
+        ["send", f"{sink}:{SINK_PORT}", "5"],
+        {"kubernetes.io/egress-bandwidth": limit},
+    )
+    try:
+        ok(
+            control_plane, "-n", "kube-system", "wait", "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=120s", f"pod/{name}",
+        )  # fmt: skip
+        pod = get(control_plane, "-n", "kube-system", "pod", name)
+        assert (
+            pod["spec"]["nodeName"] == "gpu-1"
+            and pod["status"]["podIP"] in control_plane.host("gpu-1").secondary
+        )
+        (status,) = pod["status"]["containerStatuses"]
+        got = json.loads(status["state"]["terminated"]["message"])
+    finally:
+        kubectl(control_plane, "-n", "kube-system", "delete", "pod", name, "--wait=true", "--timeout=60s")
+    rate = got["bytes"] * 8 / got["seconds"]
+    assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s ({got})"
+
+
+def _on_node(fleet: lab.Lab, node: str) -> list[dict[str, Any]]:
+    """The pods bound to `node` that still count against its limit (not finished)."""
+    pods = get(fleet, "pods", "-A", f"--field-selector=spec.nodeName={node}")["items"]
+    return [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
+
+
+FILL_POD = """apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: kube-system, labels: {{superkube.io/test: full}}}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
+  preemptionPolicy: Never
+  containers:
+  - {{name: main, image: "{image}", imagePullPolicy: Never}}
+"""
+
+
+def test_a_pod_that_needs_an_ip_on_a_full_node_waits_pending(
+    control_plane: lab.Lab, joined: dict[str, Any]
+) -> None:
+    """maxPods is the node's pod IPs plus the host-network pods its role runs (none on a CPU node):
+    the scheduler binds pods until every IP is taken, each Running on one of them, and the next pod
+    waits Pending with the scheduler's reason; none is bound only to fail its sandbox for want of an IP."""
+    node = "cpu-1"
+    config = yaml.safe_load(sh(control_plane, node, "cat /var/lib/kubelet/config.yaml"))
+    ips = control_plane.host(node).secondary
+    there = _on_node(control_plane, node)
+    host_network = [p for p in there if p["spec"].get("hostNetwork")]
+    assert config["maxPods"] == len(ips) + len(host_network), (config["maxPods"], len(ips), host_network)
+    free = config["maxPods"] - len(there)
+    names = [f"full-{i}" for i in range(free + 1)]
+    image = control_plane.images["pause"]["ref"]
+    ok(
+        control_plane,
+        "apply",
+        "-f",
+        "-",
+        stdin="---\n".join(FILL_POD.format(name=n, node=node, image=image) for n in names),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            pods = get(control_plane, "-n", "kube-system", "pods", "-l", "superkube.io/test=full")["items"]
+            running = [p for p in pods if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+            waiting = [
+                p for p in pods
+                if not p["spec"].get("nodeName")
+                and any(c["type"] == "PodScheduled" and c["status"] == "False" for c in p["status"].get("conditions", []))
+            ]  # fmt: skip
+            if len(running) == free and len(waiting) == 1:
+                break
+            assert time.monotonic() < deadline, [
+                (p["metadata"]["name"], p["status"]) for p in pods if p not in running
+            ]
+            time.sleep(2)
+        (refused,) = waiting
+        (condition,) = [c for c in refused["status"]["conditions"] if c["type"] == "PodScheduled"]
+        assert condition["reason"] == "Unschedulable" and "Too many pods" in condition["message"], condition
+        bound = [p for p in _on_node(control_plane, node) if not p["spec"].get("hostNetwork")]
+        assert sorted(p["status"]["podIP"] for p in bound) == sorted(ips)  # every IP taken, each once
+        events = get(
+            control_plane, "-n", "kube-system", "events", "--field-selector=reason=FailedCreatePodSandBox"
+        )
+        assert not [e for e in events["items"] if e["involvedObject"]["name"] in names], (
+            "a pod failed for want of an IP"
+        )
+    finally:
+        kubectl(
+            control_plane,
+            "-n",
+            "kube-system",
+            "delete",
+            "pod",
+            "-l",
+            "superkube.io/test=full",
+            "--wait=true",
+            "--timeout=120s",
         )
 
 

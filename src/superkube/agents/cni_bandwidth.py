@@ -45,12 +45,30 @@ def bounded_burst(rate: int) -> int:
     return max(MIN_BURST_BITS, int(rate * BURST_SECONDS))
 
 
+FIELDS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
+
+
+def canonical(bandwidth: dict[str, Any]) -> dict[str, Any]:
+    """The runtime's bandwidth capability with its fields under their CNI names.
+
+    The standard plugin (Go) matches JSON keys without regard to case, and runtimes spell them either
+    way: containerd's CRI plugin sends {"IngressRate": 0, "IngressBurst": 0, "EgressRate": <rate>,
+    "EgressBurst": 4294967295} (a Go struct without JSON names). Read only as CNI spells them, the rate
+    would go unseen here and the unbounded burst straight through to the plugin."""
+    out: dict[str, Any] = {}
+    for key, value in bandwidth.items():
+        name = next((f for f in FIELDS if f.lower() == key.lower()), key)
+        if name not in out or key == name:  # both spellings: CNI's own wins
+            out[name] = value
+    return out
+
+
 def shaped(conf: dict[str, Any]) -> dict[str, Any]:
     """The configuration the standard bandwidth plugin gets for this plugin's `conf`."""
     out = {k: v for k, v in conf.items() if k not in ("defaultEgressRate",)}
     out["type"] = PLUGIN
     runtime = dict(conf.get("runtimeConfig") or {})
-    asked = dict(runtime.get("bandwidth") or {})
+    asked = canonical(dict(runtime.get("bandwidth") or {}))
     default = conf.get("defaultEgressRate")
     if default and not asked.get("egressRate"):
         asked["egressRate"] = int(default)

@@ -58,7 +58,13 @@ def capabilities(egress: str | None = None, ports: list[str] | None = None) -> d
     """The runtime's capability args for a pod's annotations and port mappings."""
     caps: dict[str, Any] = {}
     if egress:
-        caps["bandwidth"] = {"egressRate": parse_rate(egress), "egressBurst": CRI_BURST}
+        # spelled as containerd's CRI plugin sends it: every field, capitalized (a Go struct's names)
+        caps["bandwidth"] = {
+            "IngressRate": 0,
+            "IngressBurst": 0,
+            "EgressRate": parse_rate(egress),
+            "EgressBurst": CRI_BURST,
+        }
     if ports:
         caps["portMappings"] = [
             {"hostPort": int(h), "containerPort": int(c), "protocol": "tcp"}

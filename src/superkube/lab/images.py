@@ -2,8 +2,9 @@
 named by their content digest, and imported into each lab node's containerd by converge.
 
 The lab's hosts reach no registry, so the images a pod needs arrive as files: the sandbox image (our
-own `pause`, from images/pause) first. An archive is an OCI image layout in one tar: `oci-layout`,
-`index.json` (one linux/amd64 manifest, with the name containerd imports it under) and the blobs.
+own `pause`, from images/pause) and `netload` (images/netload), which measures a pod's network. An
+archive is an OCI image layout in one tar: `oci-layout`, `index.json` (one linux/amd64 manifest, with
+the name containerd imports it under) and the blobs.
 Every byte is deterministic (sorted entries, zero times and owners, gzip without a name or time), so
 the same sources, Go toolchain and zlib give the same digest, and a changed source a new name.
 """
@@ -145,24 +146,34 @@ def _go_build(source: Path, out: Path) -> None:
         raise build.BuildError(f"building {source.name}: {proc.stderr.strip()[-500:]}")
 
 
-def pause(cache_dir: Path = build.CACHE_DIR) -> Image:
-    """The sandbox image: images/pause, built static, as /pause. Cached by its sources and Go version."""
+def go_image(name: str, cache_dir: Path = build.CACHE_DIR) -> Image:
+    """images/<name>, built static, as /<name> and its entrypoint. Cached by its sources and Go version."""
     from superkube.plan import engine as planning
 
-    source = planning.find_project() / SOURCES / "pause"
+    source = planning.find_project() / SOURCES / name
     sums = hashlib.sha256()
     for path in sorted(p for p in source.rglob("*") if p.is_file()):
         sums.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes())
-    where = cache_dir / "images" / "pause" / f"{sums.hexdigest()[:16]}-go{build.go_version()}"
-    binary = where / "pause"
+    where = cache_dir / "images" / name / f"{sums.hexdigest()[:16]}-go{build.go_version()}"
+    binary = where / name
     if not binary.exists():
         where.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=where) as tmp:
-            _go_build(source, Path(tmp) / "pause")
-            os.replace(Path(tmp) / "pause", binary)
-    return oci_archive("pause", {"/pause": (binary.read_bytes(), 0o755)}, ["/pause"], where)
+            _go_build(source, Path(tmp) / name)
+            os.replace(Path(tmp) / name, binary)
+    return oci_archive(name, {f"/{name}": (binary.read_bytes(), 0o755)}, [f"/{name}"], where)
+
+
+def pause(cache_dir: Path = build.CACHE_DIR) -> Image:
+    """The sandbox image (images/pause): every pod's first container."""
+    return go_image("pause", cache_dir)
+
+
+def netload(cache_dir: Path = build.CACHE_DIR) -> Image:
+    """A pod that measures its network (images/netload): the lab's egress-limit and Service tests."""
+    return go_image("netload", cache_dir)
 
 
 def lab_images(cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
     """Every image the lab's nodes get, by name."""
-    return {"pause": pause(cache_dir)}
+    return {"pause": pause(cache_dir), "netload": netload(cache_dir)}

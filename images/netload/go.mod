@@ -1,0 +1,3 @@
+module superkube.images/netload
+
+go 1.22
