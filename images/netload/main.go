@@ -1,7 +1,8 @@
 // netload measures what a pod's network lets through, from inside the pod, with nothing but itself:
 //
 //	netload sink PORT          counts what each connection sends and, when the sender is done,
-//	                           answers with the count: {"bytes": N, "seconds": S} (first to last byte)
+//	                           answers with the count and the address it came from:
+//	                           {"bytes": N, "seconds": S, "peer": "IP"} (S: first to last byte)
 //	netload send ADDR SECONDS  sends as fast as the network takes it for SECONDS, then prints the
 //	                           sink's answer and writes it to /dev/termination-log, where the kubelet
 //	                           reads a container's termination message into the pod's status
@@ -26,6 +27,7 @@ const chunk = 256 << 10
 type count struct {
 	Bytes   int64   `json:"bytes"`
 	Seconds float64 `json:"seconds"`
+	Peer    string  `json:"peer"`
 }
 
 func fail(format string, args ...any) {
@@ -40,6 +42,7 @@ func serve(conn net.Conn) {
 	buf := make([]byte, chunk)
 	var got count
 	var first, last time.Time
+	got.Peer, _, _ = net.SplitHostPort(conn.RemoteAddr().String())
 	for {
 		n, err := conn.Read(buf)
 		if n > 0 {

@@ -337,6 +337,17 @@ def _lab_only(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
                     "containers; a VM's runtime lowers OOM scores and makes keyrings)",
                     urn,
                 )
+    for host in r.of(GPU_NODES)[:1] + r.of(CPU_NODES)[:1] + r.of(NAT_HOST)[:1]:
+        proxy = r.var("kube_proxy", host, "kube_proxy_all_config")
+        for section, fields in kube.LAB_ONLY_KUBE_PROXY_CONFIG.items():
+            for field, lab_value in fields.items():
+                if (proxy.get(section) or {}).get(field) == lab_value:
+                    yield Finding(
+                        f"the kube-proxy configuration on {host.group} sets {section}.{field}: "
+                        f"{json.dumps(lab_value)}, a value only the lab may set (its hosts share one "
+                        "kernel's conntrack table; a VM's kube-proxy sizes its own)",
+                        host.urn,
+                    )
 
 
 @_rendering

@@ -147,6 +147,23 @@ def test_layouts_of_every_size_are_routable() -> None:
         assert bool(facts["route_tables"]) == any(h.group == "nat_host" for h in hosts)
 
 
+def test_the_kubelets_kernel_tunables_are_set_for_the_lab_and_put_back_by_down(tmp_path: Path) -> None:
+    sysctl, state = tmp_path / "sys", tmp_path / "state"
+    state.mkdir()
+    machine = {**lab.KUBELET_KERNEL_TUNABLES, "kernel/panic": 1, "kernel/panic_on_oops": 0}
+    for key, value in machine.items():
+        (sysctl / key).parent.mkdir(parents=True, exist_ok=True)
+        (sysctl / key).write_text(f"{value}\n")
+    lab._set_kernel_for_kubelets(state, sysctl)
+    assert {k: int((sysctl / k).read_text()) for k in machine} == lab.KUBELET_KERNEL_TUNABLES
+    lab._set_kernel_for_kubelets(state, sysctl)  # again (a retried up): what the machine had stays saved
+    removed: list[str] = []
+    lab._restore_kernel(state, removed, sysctl)
+    assert {k: int((sysctl / k).read_text()) for k in machine} == machine
+    assert sorted(removed) == ["kernel kernel.panic=1 restored", "kernel kernel.panic_on_oops=0 restored"]
+    assert not (state / lab.KERNEL_SAVED).exists()
+
+
 def test_the_inotify_limit_is_raised_for_the_hosts_and_never_lowered(tmp_path: Path) -> None:
     limit = tmp_path / "max_user_instances"
     limit.write_text("128\n")

@@ -152,8 +152,7 @@ def test_a_nodes_credentials_change_its_own_node_but_not_another(
 
 
 # In kube-system: the team webhook (fail-closed) asks about every pod outside the system namespaces,
-# and on the lab it cannot answer yet (its image, and the Service path to it through kube-proxy, are
-# what comes next for the lab's nodes).
+# and on the lab it cannot answer yet (the agents' image is not built for the lab's nodes yet).
 POD = """apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: kube-system, labels: {{superkube.io/test: runtime}}}}
@@ -252,7 +251,7 @@ kind: Pod
 metadata:
   name: {name}
   namespace: kube-system
-  labels: {{superkube.io/test: netload}}
+  labels: {{superkube.io/test: netload, superkube.io/netload: {role}}}
   annotations: {annotations}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {node}}}
@@ -267,6 +266,7 @@ SINK_PORT = 7300
 def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str]) -> None:
     manifest = NETLOAD_POD.format(
         name=name,
+        role=args[0],
         node=node,
         image=fleet.images["netload"]["ref"],
         preflight=PREFLIGHT_TAINT_KEY,
@@ -276,10 +276,20 @@ def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations:
     ok(fleet, "apply", "-f", "-", stdin=manifest)
 
 
+SINK_SERVICE = f"""apiVersion: v1
+kind: Service
+metadata: {{name: netload-sink, namespace: kube-system}}
+spec:
+  selector: {{superkube.io/netload: sink}}
+  ports: [{{port: {SINK_PORT}, targetPort: {SINK_PORT}, protocol: TCP}}]
+"""
+
+
 @pytest.fixture(scope="module")
 def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
-    """A netload sink pod on cpu-1: its address, for senders on gpu-1."""
+    """A netload sink pod on cpu-1 behind a ClusterIP Service: the pod's address, for senders on gpu-1."""
     _netload(control_plane, "netload-sink", "cpu-1", ["sink", str(SINK_PORT)], {})
+    ok(control_plane, "apply", "-f", "-", stdin=SINK_SERVICE)
     try:
         ok(
             control_plane,
@@ -302,6 +312,23 @@ def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
             "--wait=true",
             "--timeout=60s",
         )
+
+
+def _send(fleet: lab.Lab, name: str, to: str, seconds: float, limit: str = "") -> tuple[dict[str, Any], str]:
+    """Run a netload sender pod on gpu-1 until it is done: the sink's count, and the sender's pod IP."""
+    annotations = {"kubernetes.io/egress-bandwidth": limit} if limit else {}
+    _netload(fleet, name, "gpu-1", ["send", to, str(seconds)], annotations)
+    try:
+        ok(
+            fleet, "-n", "kube-system", "wait", "--for=jsonpath={.status.phase}=Succeeded",
+            "--timeout=120s", f"pod/{name}",
+        )  # fmt: skip
+        pod = get(fleet, "-n", "kube-system", "pod", name)
+        assert pod["spec"]["nodeName"] == "gpu-1" and pod["status"]["podIP"] in fleet.host("gpu-1").secondary
+        (status,) = pod["status"]["containerStatuses"]
+        return json.loads(status["state"]["terminated"]["message"]), pod["status"]["podIP"]
+    finally:
+        kubectl(fleet, "-n", "kube-system", "delete", "pod", name, "--wait=true", "--timeout=60s")
 
 
 @pytest.mark.parametrize("limit", ["10M", "100M", "1G"])
@@ -337,18 +364,78 @@ def test_a_pods_egress_annotation_holds_through_the_real_runtime(
     assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s ({got})"
 
 
+def _cluster_ip(fleet: lab.Lab, sink_ip: str) -> str:
+    """The sink Service's ClusterIP, once its EndpointSlice lists the sink pod ready."""
+    deadline = time.monotonic() + 60
+    while True:
+        slices = get(
+            fleet, "-n", "kube-system", "endpointslices", "-l", "kubernetes.io/service-name=netload-sink"
+        )
+        ready = [
+            a for sl in slices["items"] for e in sl.get("endpoints") or []
+            if (e.get("conditions") or {}).get("ready") for a in e["addresses"]
+        ]  # fmt: skip
+        if ready == [sink_ip]:
+            return str(get(fleet, "-n", "kube-system", "service", "netload-sink")["spec"]["clusterIP"])
+        assert time.monotonic() < deadline, slices
+        time.sleep(1)
+
+
+def _programmed(fleet: lab.Lab, host: str, cluster_ip: str, sink_ip: str) -> None:
+    """kube-proxy on `host` has written the Service's rules: its ClusterIP to the sink pod's endpoint."""
+    deadline = time.monotonic() + 60
+    while True:
+        rules = sh(fleet, host, "iptables-save -t nat")
+        if f"-d {cluster_ip}/32" in rules and f"--to-destination {sink_ip}:{SINK_PORT}" in rules:
+            return
+        assert time.monotonic() < deadline, f"kube-proxy on {host} has not programmed {cluster_ip}:\n{rules}"
+        time.sleep(1)
+
+
+def test_a_pod_reaches_a_service_backed_by_a_pod_on_another_node(control_plane: lab.Lab, sink: str) -> None:
+    """kube-proxy (iptables) on gpu-1 sends the Service's ClusterIP to its endpoint on cpu-1, which
+    sees the sending pod's own IP."""
+    cluster_ip = _cluster_ip(control_plane, sink)
+    _programmed(control_plane, "gpu-1", cluster_ip, sink)
+    got, sender = _send(control_plane, "netload-service", f"{cluster_ip}:{SINK_PORT}", 1)
+    assert got["bytes"] > 0 and got["peer"] == sender, got
+
+
+def test_the_hub_reaches_a_cluster_ip_through_the_nat_host(control_plane: lab.Lab, sink: str) -> None:
+    """A hub client's connection to a ClusterIP goes to the NAT host (the hub's route to the service
+    range), whose kube-proxy sends it to the endpoint; the NAT host masquerades it, so the pod sees
+    the NAT host and its reply goes back the same way."""
+    cluster_ip = _cluster_ip(control_plane, sink)
+    _programmed(control_plane, "nat", cluster_ip, sink)
+    client = (
+        "import json, socket\n"
+        f"c = socket.create_connection(('{cluster_ip}', {SINK_PORT}), timeout=10)\n"
+        "c.sendall(b'x' * 1000000); c.shutdown(socket.SHUT_WR)\n"
+        "print(c.makefile().readline())"
+    )
+    got = json.loads(sh(control_plane, "hub-client", f"python3 -c {shlex.quote(client)}"))
+    assert got["bytes"] == 1_000_000 and got["peer"] == control_plane.host("nat").address, got
+
+
 def _on_node(fleet: lab.Lab, node: str) -> list[dict[str, Any]]:
     """The pods bound to `node` that still count against its limit (not finished)."""
     pods = get(fleet, "pods", "-A", f"--field-selector=spec.nodeName={node}")["items"]
     return [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
 
 
+# the pod past the node's limit must wait, not displace a pod that is there (a balloon, say)
+NO_PREEMPTION = """apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: superkube-test-no-preemption}
+value: 0
+preemptionPolicy: Never
+"""
 FILL_POD = """apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: kube-system, labels: {{superkube.io/test: full}}}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {node}}}
-  preemptionPolicy: Never
+  priorityClassName: superkube-test-no-preemption
   containers:
   - {{name: main, image: "{image}", imagePullPolicy: Never}}
 """
@@ -369,6 +456,7 @@ def test_a_pod_that_needs_an_ip_on_a_full_node_waits_pending(
     free = config["maxPods"] - len(there)
     names = [f"full-{i}" for i in range(free + 1)]
     image = control_plane.images["pause"]["ref"]
+    ok(control_plane, "apply", "-f", "-", stdin=NO_PREEMPTION)
     ok(
         control_plane,
         "apply",
@@ -415,6 +503,7 @@ def test_a_pod_that_needs_an_ip_on_a_full_node_waits_pending(
             "--wait=true",
             "--timeout=120s",
         )
+        kubectl(control_plane, "delete", "priorityclass", "superkube-test-no-preemption")
 
 
 def test_the_kubelet_client_certificate_rotates(control_plane: lab.Lab, joined: dict[str, Any]) -> None:

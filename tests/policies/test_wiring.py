@@ -187,6 +187,13 @@ CASES: list[
         {"node_software_restrict_oom_score_adj": True},
         "wiring-lab-only",
     ),
+    (
+        "group var: the lab's conntrack allowance",
+        None,
+        None,
+        {"kube_proxy_extra_config": {"conntrack": {"maxPerCore": 0}}},
+        "wiring-lab-only",
+    ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (
         "group var: controller-manager cluster name",

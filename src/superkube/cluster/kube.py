@@ -54,6 +54,9 @@ LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}
 # node_software values only the lab sets: its hosts are containers, which may neither lower an OOM
 # score nor make kernel keyrings (the same rule keeps them off in every stack).
 LAB_ONLY_NODE_SOFTWARE = {"node_software_restrict_oom_score_adj": True, "node_software_no_new_keyring": True}
+# kube-proxy values only the lab sets: its hosts are network namespaces on one kernel, where the global
+# conntrack table size is this machine's to set, not a host's (kube-proxy would fail writing it).
+LAB_ONLY_KUBE_PROXY_CONFIG = {"conntrack": {"maxPerCore": 0}}
 # The in-cluster `kubernetes` service takes the service range's first address, cluster DNS the tenth.
 KUBERNETES_SERVICE_INDEX = 1
 DNS_SERVICE_INDEX = 10

@@ -66,9 +66,6 @@ class PinError(ValueError):
 NAMES = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc", "kwok")
 HOST_COMPONENTS = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc")
 """what `lab up` gives the lab's hosts. Not kwok (it runs beside the lab, against its API server)."""
-HELD_BACK = ("kube-proxy",)
-"""built, but not yet given to the lab's hosts: a kube-proxy there would program the service range
-on the NAT host, which the lab still serves with its own hand-made backend"""
 KWOK_VERSION = "v0.8.0"
 """kwok simulates Nodes (and their pods) against the lab's real API server: a lab-only tool, never
 installed by the roles, so it is pinned here rather than in the release file"""

@@ -46,6 +46,7 @@ from superkube.cluster.kube import (
     ETCD_MAIN,
     GPU_NODES,
     GROUPS,
+    LAB_ONLY_KUBE_PROXY_CONFIG,
     LAB_ONLY_KUBELET_CONFIG,
     LAB_ONLY_NODE_SOFTWARE,
     MONITORING,
@@ -411,6 +412,43 @@ def _ensure_inotify_instances(hosts: int, proc: Path = INOTIFY_PROC) -> None:
     want = 256 + INOTIFY_INSTANCES_PER_HOST * hosts
     if int(proc.read_text()) < want:
         proc.write_text(f"{want}\n")
+
+
+# What the kubelet requires of the kernel and sets when it differs (its ContainerManager's kernel
+# tunables, v1.35). A lab node is a container on this machine's kernel, whose /proc/sys it may not
+# write: `lab up` sets them for its kubelets and `lab down` puts back what this machine had.
+KUBELET_KERNEL_TUNABLES = {
+    "vm/overcommit_memory": 1,
+    "vm/panic_on_oom": 0,
+    "kernel/panic": 10,
+    "kernel/panic_on_oops": 1,
+    "kernel/keys/root_maxkeys": 1_000_000,
+    "kernel/keys/root_maxbytes": 25_000_000,
+}
+KERNEL_SAVED = "kernel-tunables.json"  # in the lab's state directory: what lab down restores
+
+
+def _set_kernel_for_kubelets(state_dir: Path, sysctl: Path = Path("/proc/sys")) -> None:
+    """Give the machine's kernel the kubelet's tunables, first saving the values they replace."""
+    saved = state_dir / KERNEL_SAVED
+    before = json.loads(saved.read_text()) if saved.exists() else {}
+    for key, value in KUBELET_KERNEL_TUNABLES.items():
+        current = int((sysctl / key).read_text())
+        if current != value:
+            before.setdefault(key, current)
+            saved.write_text(json.dumps(before))  # saved before the change: down restores even a half-done up
+            (sysctl / key).write_text(f"{value}\n")
+
+
+def _restore_kernel(state_dir: Path, removed: list[str], sysctl: Path = Path("/proc/sys")) -> None:
+    saved = state_dir / KERNEL_SAVED
+    if not saved.exists():
+        return
+    for key, value in json.loads(saved.read_text()).items():
+        with contextlib.suppress(OSError):
+            (sysctl / key).write_text(f"{value}\n")
+            removed.append(f"kernel {key.replace('/', '.')}={value} restored")
+    saved.unlink()
 
 
 def _ensure_switch(subnets: Iterable[str]) -> None:
@@ -806,19 +844,9 @@ def _write_known_hosts(lab: Lab) -> None:
     lab.known_hosts.write_text("".join(lines))
 
 
-LAB_SERVICE_PORT = 8080
 LAB_CERT_DURATION = "3m"
 """What the lab's controller-manager signs kubelet certificates for. It backdates each by 5 minutes,
 so a kubelet (rotating at 70-90 % of the 8-minute span) renews 0.6-2.2 minutes after each issue."""
-
-
-def lab_services(lab: Lab) -> list[dict[str, Any]]:
-    """One service VIP behind the NAT host, backed by the first GPU node (kube-proxy's job in production)."""
-    backends = [h for h in lab.hosts if h.group == GPU_NODES]
-    if not backends:
-        return []
-    vip = IPv4Network(lab.service_cidr).network_address + 10
-    return [{"vip": str(vip), "port": LAB_SERVICE_PORT, "backend": backends[0].address, "protocol": "tcp"}]
 
 
 def write_inventory(lab: Lab) -> Path:
@@ -841,7 +869,6 @@ def write_inventory(lab: Lab) -> Path:
                 "superkube_lab": True,
                 "superkube_cluster": LAB_STACK,
                 **{f"superkube_{k}": v for k, v in lab.facts.items()},
-                "nat_host_services": lab_services(lab),
                 "superkube_lab_builds": lab.builds,
                 "superkube_lab_images": lab.images,
                 **(
@@ -851,6 +878,7 @@ def write_inventory(lab: Lab) -> Path:
                 ),
                 **LAB_ONLY_NODE_SOFTWARE,
                 "kubelet_extra_config": LAB_ONLY_KUBELET_CONFIG,
+                "kube_proxy_extra_config": LAB_ONLY_KUBE_PROXY_CONFIG,
                 # kubelet client certificates for minutes, not a year: a test sees one rotate
                 "kube_controller_manager_extra_flags": {"cluster-signing-duration": LAB_CERT_DURATION},
             },
@@ -888,7 +916,6 @@ def built_binaries(progress: Callable[[str], None]) -> dict[str, dict[str, str]]
         name: {"path": str(b.binary(name)), "sha256": info["sha256"], "version": b.component.version}
         for b in results
         for name, info in sorted(b.manifest["binaries"].items())
-        if name not in build.HELD_BACK
     }
 
 
@@ -905,6 +932,10 @@ def up(
     hosts, subnets, facts = layout(nodes if isinstance(nodes, dict) else parse_hosts(nodes))
     base = build_base_image(lambda what, f: progress(what, 0.5 * f), cache_dir)
     builds = built_binaries(lambda what: progress(what, 0.5))
+    if not any(h.group == APISERVERS for h in hosts):
+        # kube-proxy only follows an API server's Services: without one it would retry forever, so the
+        # hosts get none (converge leaves a component the lab has no build of stopped)
+        builds.pop("kube-proxy", None)
     progress("the node images (OCI archives)", 0.55)
     images = lab_images()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -924,6 +955,8 @@ def up(
     )
     try:
         _ensure_inotify_instances(len(hosts))
+        if any(h.is_node for h in hosts):
+            _set_kernel_for_kubelets(state_dir)
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "superkube-lab", "-f", str(lab.key)])
         _ensure_switch(subnets)
         for i, h in enumerate(hosts):
@@ -1149,6 +1182,7 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
         run(["ip", "netns", "del", name], check=False)  # deleting a netns removes its veth ends
         removed.append(f"netns {name}")
     _end(_lab_clients(state_dir), signal.SIGTERM, "(client)", removed)
+    _restore_kernel(state_dir, removed)
     if state_dir.exists():
         if sys.version_info >= (3, 12):
             shutil.rmtree(state_dir, onexc=lambda f, p, e: _gone_already(f, p, (type(e), e, None)))
