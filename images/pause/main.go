@@ -11,11 +11,12 @@ import (
 )
 
 func main() {
+	signals := make(chan os.Signal, 16)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	// written once the handlers are ours: until then the Go runtime's own end the process on SIGTERM
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "pause: warning: not PID 1; zombies of this namespace are not mine to reap")
 	}
-	signals := make(chan os.Signal, 16)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
 	for s := range signals {
 		if s != syscall.SIGCHLD {
 			os.Exit(0)

@@ -116,7 +116,14 @@ def test_every_apiserver_is_ready_through_the_load_balancer(
     for host in apiservers:
         url = f"https://{host.address}:{control_plane.facts['apiserver_port']}"
         assert ok(control_plane, "--server", url, "get", "--raw", "/readyz").strip() == "ok"
-    assert loadbalancer.backend_states(Path(control_plane.state_dir)) == {h.name: "UP" for h in apiservers}
+    # a server restarted by converge is back in the load balancer after its probe passes `rise` times
+    wait_for(
+        "both API servers up behind the load balancer",
+        lambda: (
+            loadbalancer.backend_states(Path(control_plane.state_dir)) == {h.name: "UP" for h in apiservers}
+        ),
+        timeout=60,
+    )
 
 
 def test_the_layer_is_applied_whole_and_its_crds_are_established(
