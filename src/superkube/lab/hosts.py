@@ -1070,10 +1070,23 @@ def _terminate_all(pids: Iterable[int | None], grace: float = 30) -> None:
         time.sleep(0.2)
     stuck = [pid for pid in left if alive(pid)]
     for pid in stuck:
-        with contextlib.suppress(ProcessLookupError):  # it may end between the check and the kill
-            os.killpg(pid, signal.SIGKILL)
-    if stuck:
-        time.sleep(0.5)
+        # The container's init first: killing it ends every process of its PID namespace (a halt
+        # stuck on an unmount included), and nspawn then exits and lets go of the host's root.
+        for child in _children(pid):
+            with contextlib.suppress(ProcessLookupError):  # it may end between the check and the kill
+                os.kill(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while time.monotonic() < end and any(alive(pid) for pid in stuck):
+        time.sleep(0.2)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _leftovers() -> list[str]:
