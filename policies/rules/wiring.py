@@ -254,7 +254,7 @@ def _max_pods(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
         ) or [{}]
         pod_ips = max(len(nics[0].get("ipConfigurations") or []) - 1, 0)
         got = r.var("kubelet", host, "kubelet_all_config").get("maxPods")
-        host_network = kube.HOST_NETWORK_PODS["gpu" if host.group == GPU_NODES else "cpu"]
+        host_network = kube.HOST_NETWORK_PODS[r.var("kubelet", host, "kubelet_pool")["role"]]
         want = pod_ips + host_network
         if got != want:
             yield Finding(

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from superkube.cluster import autoscaling
+from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.cluster.inventory import cluster_facts
 from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE, HOST_NETWORK_PODS
 from superkube.model import vmsizes
@@ -266,7 +267,7 @@ def test_a_nodes_pod_limit_counts_exactly_the_host_network_pods_it_runs(any_plan
     sets = of_kind(any_plan, "DaemonSet")
     assert sets, "the layer runs host-network agents"
     for pool in any_plan.spec.node_pools:
-        serving = {"superkube.io/pool": pool.name}  # a passed node has lost the preflight label
+        serving = {POOL_LABEL: pool.name}  # a passed node has lost the preflight label
         host_network = [
             d["metadata"]["name"]
             for d in sets
