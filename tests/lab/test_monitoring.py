@@ -18,7 +18,7 @@ import yaml
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
-from tests.lab.conftest import counters, deliver, sh
+from tests.lab.conftest import Labs, counters, deliver, sh
 
 ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
 HOST = "monitoring-1"
@@ -60,11 +60,8 @@ def wait_for(check: Any, timeout: float = 60, what: str = "") -> Any:
 
 
 @pytest.fixture(scope="module")
-def mon(monitored: lab.Lab) -> lab.Lab:
-    result = runner.converge(
-        monitored.inventory, tags="node_software,iptables_accounting,iptables_exporter,monitoring"
-    )
-    assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
+def mon(labs: Labs, monitored: lab.Lab) -> lab.Lab:
+    labs.converge(monitored, tags="node_software,iptables_accounting,iptables_exporter,monitoring")
     return monitored
 
 

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-from superkube.fleet import converge as runner
 from superkube.lab import build
 from superkube.lab import hosts as lab
 from superkube.model import rates
-from tests.lab.conftest import counters, deliver, sh
+from tests.lab.conftest import Labs, counters, deliver, sh
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "superkube"
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
@@ -31,11 +30,8 @@ NODES = ("gpu-1", "gpu-2")
 
 
 @pytest.fixture(scope="module")
-def net(pod_network: lab.Lab) -> lab.Lab:
-    result = runner.converge(
-        pod_network.inventory, tags="node_software,iptables_accounting,iptables_exporter"
-    )
-    assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
+def net(labs: Labs, pod_network: lab.Lab) -> lab.Lab:
+    labs.converge(pod_network, tags="node_software,iptables_accounting,iptables_exporter")
     for host in NODES:
         for name in ("lab/cnirun.py", "model/rates.py"):
             lab.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())

@@ -26,22 +26,20 @@ from modules.platform import flowcontrol
 from superkube.agents import gpu_test, preflight
 from superkube.cli import app
 from superkube.cluster.kube import APISERVER_PROBE_INTERVAL_S, APISERVER_PROBE_THRESHOLD, SYSTEM_NAMESPACE
-from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import layer, loadbalancer
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from tests.lab.conftest import get, kubectl, ok, sh
+from tests.lab.conftest import Labs, get, kubectl, ok, sh
 
 ROOT = Path(__file__).resolve().parents[2]
 ETCDCTL = ". /etc/etcd/etcdctl-{c}.env && etcdctl --command-timeout=10s "
 
 
 @pytest.fixture(scope="module")
-def running(control_plane: lab.Lab) -> dict[str, Any]:
+def running(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
     """Converge (which starts the built components and applies the bootstrap objects), then the
     in-cluster layer through the command a user runs."""
-    result = runner.converge(control_plane.inventory)
-    assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
+    labs.converge(control_plane)
     applied = CliRunner().invoke(app, ["lab", "apply", "--output", "json"])
     assert applied.exit_code == 0, applied.output
     return {"applied": json.loads(applied.stdout)}

@@ -23,12 +23,11 @@ from typer.testing import CliRunner
 
 from superkube.cli import app
 from superkube.cluster import autoscaling
-from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import nodes
 from superkube.model import rates
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from tests.lab.conftest import get, kubectl, ok, sh
+from tests.lab.conftest import Labs, get, kubectl, ok, sh
 
 NODES = ("gpu-1", "cpu-1")
 KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
@@ -38,11 +37,10 @@ KUBELET_LABELS = ("kubernetes.io/", "beta.kubernetes.io/")
 
 
 @pytest.fixture(scope="module")
-def joined(control_plane: lab.Lab) -> dict[str, Any]:
-    """Converge and apply the in-cluster layer (no-ops after test_running_control_plane; the whole
-    setup when this module runs alone), then join."""
-    result = runner.converge(control_plane.inventory)
-    assert result.ok, {n: (h.task, h.message) for n, h in result.hosts.items() if not h.healthy}
+def joined(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+    """Converge and apply the in-cluster layer (done already after test_running_control_plane; the
+    whole setup when this module runs alone), then join."""
+    labs.converge(control_plane)
     applied = CliRunner().invoke(app, ["lab", "apply"])  # the scheduler's RBAC for its plugins is in it
     assert applied.exit_code == 0, applied.output
     done = nodes.join(control_plane, NODES)
@@ -331,7 +329,9 @@ def _send(fleet: lab.Lab, name: str, to: str, seconds: float, limit: str = "") -
         kubectl(fleet, "-n", "kube-system", "delete", "pod", name, "--wait=true", "--timeout=60s")
 
 
-@pytest.mark.parametrize("limit", ["10M", "100M", "1G"])
+# (not 1G: with the whole suite running, a pod limited to 1 Gbit/s sent 897 Mbit/s on a two-core
+# machine; the machine set that figure, not the limit, so a miss there says nothing about the limit)
+@pytest.mark.parametrize("limit", ["10M", "100M", "300M"])
 def test_a_pods_egress_annotation_holds_through_the_real_runtime(
     control_plane: lab.Lab, sink: str, limit: str
 ) -> None:
