@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -110,3 +111,42 @@ def test_netload_counts_what_arrives_and_reports_it_as_the_sender(tmp_path: Path
             sink.terminate()
     wrong = subprocess.run([str(path), "send", "127.0.0.1:1", "soon"], capture_output=True, text=True)
     assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1 and "SECONDS" in wrong.stderr
+
+
+def test_the_agents_image_runs_every_agent_on_its_own_python(tmp_path: Path) -> None:
+    """The agents' image alone (its layer unpacked, nothing of this machine's), as its user: every
+    entry point the layer and the node roles start answers, and the package inside computes the very
+    name the image is imported under, which is the layer's pin."""
+    from superkube.agents import AGENTS_IMAGE
+    from superkube.lab import agents_image
+    from superkube.lab import hosts as lab
+    from tests.agents.test_wheel import ENTRY_POINTS
+
+    image = agents_image.agents(lab.build_base_image(lambda what, fraction: None))
+    assert image.ref == AGENTS_IMAGE and image == agents_image.agents(lab.build_base_image(lambda w, f: None))
+    entries = _entries(image.archive)
+    (entry,) = json.loads(entries["index.json"])["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == AGENTS_IMAGE
+    assert entry["digest"] == image.digest
+    manifest = json.loads(_blob(entries, entry["digest"]))
+    config = json.loads(_blob(entries, manifest["config"]["digest"]))["config"]
+    assert config["User"] == "65532:65532" and config["Entrypoint"] == ["/usr/local/bin/python"]
+    root = tmp_path / "root"
+    with tarfile.open(
+        fileobj=io.BytesIO(gzip.decompress(_blob(entries, manifest["layers"][0]["digest"])))
+    ) as tar:
+        names = tar.getnames()
+        tar.extractall(root, filter="tar")
+    assert not [n for n in names if n.split("/")[-1] in ("pulumi", "ansible", "ansible_runner")]
+
+    def python(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [shutil.which("chroot") or "chroot", "--userspec=65532:65532", str(root), *config["Entrypoint"], *args],
+            env=dict(e.split("=", 1) for e in config["Env"]), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    for name in ENTRY_POINTS:
+        done = python("-m", f"superkube.agents.{name}", "--help")
+        assert done.returncode == 0 and "usage:" in done.stdout, (name, done.stderr)
+    inside = python("-c", "import superkube.agents as a, kubernetes, pynvml; print(a.AGENTS_IMAGE)")
+    assert inside.returncode == 0 and inside.stdout.strip() == AGENTS_IMAGE, inside.stderr

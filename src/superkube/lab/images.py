@@ -2,7 +2,8 @@
 named by their content digest, and imported into each lab node's containerd by converge.
 
 The lab's hosts reach no registry, so the images a pod needs arrive as files: the sandbox image (our
-own `pause`, from images/pause) and `netload` (images/netload), which measures a pod's network. An
+own `pause`, from images/pause), `netload` (images/netload), which measures a pod's network, and the
+agents' image (superkube.lab.agents_image), named as the in-cluster layer pins it. An
 archive is an OCI image layout in one tar: `oci-layout`, `index.json` (one linux/amd64 manifest, with
 the name containerd imports it under) and the blobs.
 Every byte is deterministic (sorted entries, zero times and owners, gzip without a name or time), so
@@ -38,33 +39,62 @@ class Image:
     ref: str  # what containerd and pods call it: superkube.local/<name>:<digest prefix>
     archive: Path  # the OCI archive on this machine
     sha256: str  # of the archive file, which converge checks after copying it
+    digest: str  # of its manifest: what containerd records as the image's target
 
     def as_fact(self) -> dict[str, str]:
-        return {"ref": self.ref, "path": str(self.archive), "sha256": self.sha256}
+        return {"ref": self.ref, "path": str(self.archive), "sha256": self.sha256, "digest": self.digest}
 
 
 def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _layer(files: dict[str, tuple[bytes, int]]) -> bytes:
-    """An uncompressed tar of `files` (path -> content, mode), root-owned, time zero, sorted."""
+@dataclass(frozen=True)
+class Link:
+    """A symbolic link in a layer, to `target` (as the link itself would hold it)."""
+
+    target: str
+
+
+Entry = tuple[bytes, int] | Link  # a file's content and mode, or a link
+DIRECTORY = (b"", -1)  # an entry that is a directory (0755; /tmp is 1777)
+
+
+def _layer(files: dict[str, Entry]) -> bytes:
+    """An uncompressed tar of `files` (path -> content and mode, a Link, or DIRECTORY), root-owned,
+    time zero, sorted (so a directory comes before what it holds)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(files):
-            content, mode = files[path]
-            info = tarfile.TarInfo(path.lstrip("/"))
-            info.size, info.mode, info.mtime = len(content), mode, 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(content))
+            entry = files[path]
+            info = tarfile.TarInfo(path.strip("/"))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if isinstance(entry, Link):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.target, 0o777
+                tar.addfile(info)
+            elif entry == DIRECTORY:
+                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if path.strip("/") == "tmp" else 0o755
+                tar.addfile(info)
+            else:
+                content, mode = entry
+                info.size, info.mode = len(content), mode
+                tar.addfile(info, io.BytesIO(content))
     return out.getvalue()
 
 
 def oci_archive(
-    name: str, files: dict[str, tuple[bytes, int]], entrypoint: list[str], out_dir: Path
+    name: str,
+    files: dict[str, Entry],
+    entrypoint: list[str],
+    out_dir: Path,
+    *,
+    ref: str | None = None,
+    user: str = "65535:65535",
+    env: list[str] | None = None,
 ) -> Image:
-    """Write `name`'s OCI archive (one layer of `files`) into out_dir; its tag is its manifest's digest."""
+    """Write `name`'s OCI archive (one layer of `files`) into out_dir; its tag is its manifest's digest,
+    unless `ref` names it (an image whose name something else pins, as the in-cluster layer pins the
+    agents')."""
     layer = _layer(files)
     gz = io.BytesIO()
     with gzip.GzipFile(fileobj=gz, mode="wb", mtime=0, filename="") as z:
@@ -74,7 +104,7 @@ def oci_archive(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": entrypoint, "User": "65535:65535"},
+            "config": {"Entrypoint": entrypoint, "User": user, **({"Env": env} if env else {})},
             "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
         },
         sort_keys=True,
@@ -89,7 +119,7 @@ def oci_archive(
         sort_keys=True,
     ).encode()
     tag = _digest(manifest).removeprefix("sha256:")[:16]
-    ref = f"{REGISTRY}/{name}:{tag}"
+    ref = ref or f"{REGISTRY}/{name}:{tag}"
     index = json.dumps(
         {
             "schemaVersion": 2,
@@ -102,7 +132,7 @@ def oci_archive(
                     "platform": {"architecture": "amd64", "os": "linux"},
                     "annotations": {
                         "io.containerd.image.name": ref,
-                        "org.opencontainers.image.ref.name": tag,
+                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1],
                     },
                 }
             ],
@@ -122,7 +152,7 @@ def oci_archive(
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, archive)
-    return Image(name, ref, archive, hashlib.sha256(data).hexdigest())
+    return Image(name, ref, archive, hashlib.sha256(data).hexdigest(), _digest(manifest))
 
 
 def _go_build(source: Path, out: Path) -> None:
@@ -174,6 +204,12 @@ def netload(cache_dir: Path = build.CACHE_DIR) -> Image:
     return go_image("netload", cache_dir)
 
 
-def lab_images(cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
-    """Every image the lab's nodes get, by name."""
-    return {"pause": pause(cache_dir), "netload": netload(cache_dir)}
+def lab_images(base_root: Path, cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
+    """Every image the lab's nodes get, by name (the agents' Python comes from the lab's base image)."""
+    from superkube.lab import agents_image
+
+    return {
+        "pause": pause(cache_dir),
+        "netload": netload(cache_dir),
+        "agents": agents_image.agents(base_root, cache_dir),
+    }
