@@ -21,8 +21,11 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
+from modules.platform.node_health import HEALTH
+from superkube.agents import AGENTS_IMAGE
 from superkube.cli import app
 from superkube.cluster import autoscaling
+from superkube.cluster.kube import SYSTEM_NAMESPACE
 from superkube.lab import hosts as lab
 from superkube.lab import nodes
 from superkube.model import rates
@@ -188,17 +191,7 @@ def test_pods_run_through_the_real_runtime_on_their_nodes_vnet_ips(
     )
     ok(control_plane, "apply", "-f", "-", stdin=manifests)
     try:
-        ok(
-            control_plane,
-            "-n",
-            "kube-system",
-            "wait",
-            "--for=condition=Ready",
-            "--timeout=120s",
-            "pod",
-            "-l",
-            SELECTOR,
-        )
+        _wait_ready(control_plane, "pod", "-l", SELECTOR)
         ips = {}
         for node in NODES:
             pod = get(control_plane, "-n", "kube-system", "pod", names[node])
@@ -261,12 +254,15 @@ spec:
 SINK_PORT = 7300
 
 
-def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str]) -> None:
+def _netload(
+    fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str], image: str = "netload"
+) -> None:
+    """A pod of one of the lab's images on `node`, run to its end (restartPolicy Never)."""
     manifest = NETLOAD_POD.format(
         name=name,
-        role=args[0],
+        role=args[0] if image == "netload" else image,
         node=node,
-        image=fleet.images["netload"]["ref"],
+        image=fleet.images[image]["ref"],
         preflight=PREFLIGHT_TAINT_KEY,
         args=json.dumps(args),
         annotations=json.dumps(annotations),
@@ -289,15 +285,7 @@ def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
     _netload(control_plane, "netload-sink", "cpu-1", ["sink", str(SINK_PORT)], {})
     ok(control_plane, "apply", "-f", "-", stdin=SINK_SERVICE)
     try:
-        ok(
-            control_plane,
-            "-n",
-            "kube-system",
-            "wait",
-            "--for=condition=Ready",
-            "--timeout=120s",
-            "pod/netload-sink",
-        )
+        _wait_ready(control_plane, "pod/netload-sink")
         yield str(get(control_plane, "-n", "kube-system", "pod", "netload-sink")["status"]["podIP"])
     finally:
         kubectl(
@@ -312,21 +300,31 @@ def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
         )
 
 
-def _send(fleet: lab.Lab, name: str, to: str, seconds: float, limit: str = "") -> tuple[dict[str, Any], str]:
-    """Run a netload sender pod on gpu-1 until it is done: the sink's count, and the sender's pod IP."""
-    annotations = {"kubernetes.io/egress-bandwidth": limit} if limit else {}
-    _netload(fleet, name, "gpu-1", ["send", to, str(seconds)], annotations)
+def _wait_ready(fleet: lab.Lab, *what: str) -> None:
+    ok(fleet, "-n", "kube-system", "wait", "--for=condition=Ready", "--timeout=120s", *what)
+
+
+def _run_to_end(fleet: lab.Lab, name: str) -> tuple[dict[str, Any], str]:
+    """Wait for pod `name` to succeed, delete it: the pod as it ended, and its termination message."""
     try:
         ok(
             fleet, "-n", "kube-system", "wait", "--for=jsonpath={.status.phase}=Succeeded",
             "--timeout=120s", f"pod/{name}",
         )  # fmt: skip
         pod = get(fleet, "-n", "kube-system", "pod", name)
-        assert pod["spec"]["nodeName"] == "gpu-1" and pod["status"]["podIP"] in fleet.host("gpu-1").secondary
-        (status,) = pod["status"]["containerStatuses"]
-        return json.loads(status["state"]["terminated"]["message"]), pod["status"]["podIP"]
     finally:
         kubectl(fleet, "-n", "kube-system", "delete", "pod", name, "--wait=true", "--timeout=60s")
+    (status,) = pod["status"]["containerStatuses"]
+    return pod, str(status["state"]["terminated"]["message"])
+
+
+def _send(fleet: lab.Lab, name: str, to: str, seconds: float, limit: str = "") -> tuple[dict[str, Any], str]:
+    """Run a netload sender pod on gpu-1 until it is done: the sink's count, and the sender's pod IP."""
+    annotations = {"kubernetes.io/egress-bandwidth": limit} if limit else {}
+    _netload(fleet, name, "gpu-1", ["send", to, str(seconds)], annotations)
+    pod, message = _run_to_end(fleet, name)
+    assert pod["spec"]["nodeName"] == "gpu-1" and pod["status"]["podIP"] in fleet.host("gpu-1").secondary
+    return json.loads(message), pod["status"]["podIP"]
 
 
 # (not 1G: with the whole suite running, a pod limited to 1 Gbit/s sent 897 Mbit/s on a two-core
@@ -338,30 +336,29 @@ def test_a_pods_egress_annotation_holds_through_the_real_runtime(
     """The kubelet hands `kubernetes.io/egress-bandwidth` to containerd, whose CRI plugin asks the CNI
     chain for that rate with a burst of 2^32-1 bits; superkube-bandwidth bounds the burst, so what
     the receiving pod on the other node counts is the limit, within 10 %."""
-    name = f"netload-{limit.lower()}"
-    _netload(
-        control_plane,
-        name,
-        "gpu-1",
-        ["send", f"{sink}:{SINK_PORT}", "5"],
-        {"kubernetes.io/egress-bandwidth": limit},
-    )
-    try:
-        ok(
-            control_plane, "-n", "kube-system", "wait", "--for=jsonpath={.status.phase}=Succeeded",
-            "--timeout=120s", f"pod/{name}",
-        )  # fmt: skip
-        pod = get(control_plane, "-n", "kube-system", "pod", name)
-        assert (
-            pod["spec"]["nodeName"] == "gpu-1"
-            and pod["status"]["podIP"] in control_plane.host("gpu-1").secondary
-        )
-        (status,) = pod["status"]["containerStatuses"]
-        got = json.loads(status["state"]["terminated"]["message"])
-    finally:
-        kubectl(control_plane, "-n", "kube-system", "delete", "pod", name, "--wait=true", "--timeout=60s")
+    got, _ = _send(control_plane, f"netload-{limit.lower()}", f"{sink}:{SINK_PORT}", 5, limit)
     rate = got["bytes"] * 8 / got["seconds"]
     assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s ({got})"
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_the_agents_image_the_layer_pins_runs_through_the_real_runtime(
+    control_plane: lab.Lab, joined: dict[str, Any], node: str
+) -> None:
+    """Converge imported the agents' image under the name the applied layer's DaemonSets pin; a pod
+    of it runs on each node through kubelet, containerd and runc, and the package inside computes
+    that same name from its own files."""
+    pinned = get(control_plane, "-n", SYSTEM_NAMESPACE, "daemonset", f"{HEALTH}-gpu")
+    (container,) = pinned["spec"]["template"]["spec"]["containers"]
+    image = control_plane.images["agents"]
+    assert container["image"] == image["ref"] == AGENTS_IMAGE
+    name = f"agents-image-{node}"
+    code = "import superkube.agents as a; open('/dev/termination-log', 'w').write(a.AGENTS_IMAGE)"
+    _netload(control_plane, name, node, ["-c", code], {}, image="agents")
+    pod, message = _run_to_end(control_plane, name)
+    assert pod["spec"]["nodeName"] == node and message == AGENTS_IMAGE
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["imageID"].endswith(image["digest"])  # the archive converge imported, not another
 
 
 def _cluster_ip(fleet: lab.Lab, sink_ip: str) -> str:

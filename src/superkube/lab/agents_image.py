@@ -222,6 +222,7 @@ def agents(base_root: Path, cache_dir: Path = build.CACHE_DIR) -> images.Image:
         fact = json.loads(done.read_text())
         archive = Path(fact["path"])
         if archive.is_file():
+            done.touch()  # the most recently used are the ones kept
             return images.Image("agents", fact["ref"], archive, fact["sha256"], fact["digest"])
     tree = Tree(base_root)
     tree.files = python_runtime(base_root)
@@ -242,4 +243,15 @@ def agents(base_root: Path, cache_dir: Path = build.CACHE_DIR) -> images.Image:
         "agents", tree.files, ["/usr/local/bin/python"], where, ref=AGENTS_IMAGE, user="65532:65532", env=ENV
     )
     done.write_text(json.dumps(image.as_fact()))
+    _prune(where.parent, keep=KEEP_BUILDS)
     return image
+
+
+KEEP_BUILDS = 3  # every edit of the package is a new image: the last few stay, for labs still up
+
+
+def _prune(builds: Path, keep: int) -> None:
+    """Remove all but the `keep` most recently built or used images under `builds`."""
+    done = sorted(builds.glob("*/image.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in done[keep:]:
+        shutil.rmtree(old.parent, ignore_errors=True)
