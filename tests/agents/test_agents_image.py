@@ -23,7 +23,10 @@ def _source(module: str) -> Path | None:
 
 def third_party_imports() -> dict[str, set[str]]:
     """Top-level names the agents import from outside the standard library, with who imports them."""
-    todo = ["superkube.agents", *(f"superkube.agents.{p.stem}" for p in (SRC / "superkube/agents").glob("*.py"))]
+    todo = [
+        "superkube.agents",
+        *(f"superkube.agents.{p.stem}" for p in (SRC / "superkube/agents").glob("*.py")),
+    ]
     seen: set[str] = set()
     found: dict[str, set[str]] = {}
     while todo:

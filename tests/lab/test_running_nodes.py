@@ -21,11 +21,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
-from modules.platform.node_health import HEALTH
-from superkube.agents import AGENTS_IMAGE
 from superkube.cli import app
 from superkube.cluster import autoscaling
-from superkube.cluster.kube import SYSTEM_NAMESPACE
 from superkube.lab import hosts as lab
 from superkube.lab import nodes
 from superkube.model import rates
@@ -339,26 +336,6 @@ def test_a_pods_egress_annotation_holds_through_the_real_runtime(
     got, _ = _send(control_plane, f"netload-{limit.lower()}", f"{sink}:{SINK_PORT}", 5, limit)
     rate = got["bytes"] * 8 / got["seconds"]
     assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s ({got})"
-
-
-@pytest.mark.parametrize("node", NODES)
-def test_the_agents_image_the_layer_pins_runs_through_the_real_runtime(
-    control_plane: lab.Lab, joined: dict[str, Any], node: str
-) -> None:
-    """Converge imported the agents' image under the name the applied layer's DaemonSets pin; a pod
-    of it runs on each node through kubelet, containerd and runc, and the package inside computes
-    that same name from its own files."""
-    pinned = get(control_plane, "-n", SYSTEM_NAMESPACE, "daemonset", f"{HEALTH}-gpu")
-    (container,) = pinned["spec"]["template"]["spec"]["containers"]
-    image = control_plane.images["agents"]
-    assert container["image"] == image["ref"] == AGENTS_IMAGE
-    name = f"agents-image-{node}"
-    code = "import superkube.agents as a; open('/dev/termination-log', 'w').write(a.AGENTS_IMAGE)"
-    _netload(control_plane, name, node, ["-c", code], {}, image="agents")
-    pod, message = _run_to_end(control_plane, name)
-    assert pod["spec"]["nodeName"] == node and message == AGENTS_IMAGE
-    (status,) = pod["status"]["containerStatuses"]
-    assert status["imageID"].endswith(image["digest"])  # the archive converge imported, not another
 
 
 def _cluster_ip(fleet: lab.Lab, sink_ip: str) -> str:

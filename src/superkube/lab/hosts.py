@@ -892,13 +892,13 @@ def write_inventory(lab: Lab) -> Path:
     return lab.inventory
 
 
-def lab_images(base: Path) -> dict[str, dict[str, str]]:
-    """The images the lab's nodes import (built from the project's own sources and the base image,
-    cached beside the components' builds)."""
+def lab_images() -> dict[str, dict[str, str]]:
+    """The images the lab's nodes import (built from the project's own sources, cached beside the
+    components' builds)."""
     from superkube.lab import images
 
     try:
-        return {name: image.as_fact() for name, image in images.lab_images(base).items()}
+        return {name: image.as_fact() for name, image in images.lab_images().items()}
     except build.BuildError as exc:
         raise LabError(f"lab up needs its node images: {exc}") from None
 
@@ -937,7 +937,7 @@ def up(
         # hosts get none (converge leaves a component the lab has no build of stopped)
         builds.pop("kube-proxy", None)
     progress("the node images (OCI archives)", 0.55)
-    images = lab_images(base)
+    images = lab_images()
     state_dir.mkdir(parents=True, exist_ok=True)
     progress("planning the stack's cloud-init and NICs", 0.6)
     cloud_init, pools = pool_facts()
