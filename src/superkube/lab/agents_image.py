@@ -106,10 +106,12 @@ class Tree:
             seen.add(path)
             entry = self.files[path]
             assert isinstance(entry, tuple)
-            needed, interpreter = elf_needs(entry[0])
+            needed, interpreter = elf_needs(entry[0], path)
             if interpreter:
                 todo.append(self.add(interpreter))
             for lib in needed:
+                if "/" in lib:  # a name, never a path: it is looked up in the library directories
+                    raise build.BuildError(f"{path} needs {lib}: a path, not a library name")
                 found = next(
                     (f"{d}/{lib}" for d in LIBRARY_DIRS if os.path.lexists(self.root / d.lstrip("/") / lib)),
                     None,
@@ -127,11 +129,18 @@ class Tree:
         self.files["/tmp"] = images.DIRECTORY
 
 
-def elf_needs(data: bytes) -> tuple[list[str], str | None]:
+def elf_needs(data: bytes, name: str = "") -> tuple[list[str], str | None]:
     """The DT_NEEDED names and the program interpreter of a 64-bit little-endian ELF file (none for
     anything else: a script, a data file)."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    if len(data) < 0x40 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return [], None
+    try:
+        return _elf_needs(data)
+    except (struct.error, StopIteration, ValueError, UnicodeDecodeError) as e:
+        raise build.BuildError(f"{name}: not an ELF file this build can read ({e!r})") from None
+
+
+def _elf_needs(data: bytes) -> tuple[list[str], str | None]:
     phoff, phentsize, phnum = struct.unpack_from("<Q", data, 0x20)[0], *struct.unpack_from("<HH", data, 0x36)
     loads: list[tuple[int, int, int]] = []  # (virtual address, file offset, size in file)
     dynamic = interpreter = None
@@ -191,12 +200,25 @@ def site_packages(project: Path, into: Path) -> None:
         _pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", f"{tmp}/wheels", str(copy))
         (wheel,) = Path(tmp, "wheels").glob("superkube-*.whl")
         _pip("install", "--no-deps", "--no-compile", "--target", str(into), str(wheel))
+    _drop_direct_url(into)
     _pip(
         "install", "--no-compile", "--target", str(into), "--only-binary=:all:",
         "--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
         "--abi", "cp311", "-c", str(project / "constraints.txt"), "-r", str(project / REQUIREMENTS),
     )  # fmt: skip
     shutil.rmtree(into / "bin", ignore_errors=True)  # console scripts: the pods run `python -m ...`
+
+
+def _drop_direct_url(site: Path) -> None:
+    """pip records a wheel installed from a file by its path (direct_url.json, listed in RECORD): a
+    temporary directory's name, which would make every build's layer differ. Both go."""
+    for dist in site.glob("superkube-*.dist-info"):
+        (dist / "direct_url.json").unlink(missing_ok=True)
+        record = dist / "RECORD"
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text(
+            "".join(line for line in lines if not line.startswith(f"{dist.name}/direct_url.json,"))
+        )
 
 
 def agents(base_root: Path, cache_dir: Path = build.CACHE_DIR) -> images.Image:

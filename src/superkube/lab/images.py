@@ -36,7 +36,7 @@ OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 @dataclass(frozen=True)
 class Image:
     name: str  # e.g. pause
-    ref: str  # what containerd and pods call it: superkube.local/<name>:<digest prefix>
+    ref: str  # what containerd and pods call it: superkube.local/<name>:<digest prefix>, or a pinned name
     archive: Path  # the OCI archive on this machine
     sha256: str  # of the archive file, which converge checks after copying it
     digest: str  # of its manifest: what containerd records as the image's target
@@ -209,6 +209,6 @@ def lab_images(cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
 
     Not yet the agents' image (superkube.lab.agents_image): imported under the name the layer pins, it
     starts the layer's agents for real, and the team reconciler then taints the GPU node
-    `superkube.io/team=any` a minute after it joined, a taint its scale set's node template does not
+    `superkube.io/team=any` 35 s after it turned Ready, a taint its scale set's node template does not
     carry. That window and that template are to be fixed before the agents run in the lab."""
     return {"pause": pause(cache_dir), "netload": netload(cache_dir)}
