@@ -251,15 +251,12 @@ spec:
 SINK_PORT = 7300
 
 
-def _netload(
-    fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str], image: str = "netload"
-) -> None:
-    """A pod of one of the lab's images on `node`, run to its end (restartPolicy Never)."""
+def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str]) -> None:
     manifest = NETLOAD_POD.format(
         name=name,
-        role=args[0] if image == "netload" else image,
+        role=args[0],
         node=node,
-        image=fleet.images[image]["ref"],
+        image=fleet.images["netload"]["ref"],
         preflight=PREFLIGHT_TAINT_KEY,
         args=json.dumps(args),
         annotations=json.dumps(annotations),

@@ -89,8 +89,8 @@ class Tree:
             on_disk = self.root / line.lstrip("/")
             if line.startswith(LEFT_OUT) or not (on_disk.is_symlink() or on_disk.is_file()):
                 continue  # a directory (made for what it holds), or documentation
-            real = self.resolve(line)  # a link is kept whatever it points at
-            if (self.root / real.lstrip("/")).is_file() and not (self.root / real.lstrip("/")).is_symlink():
+            real = self.resolve(line)  # a link is kept whatever it points at; `real` is no link
+            if (self.root / real.lstrip("/")).is_file():
                 out.append(self.add(real))
         return out
 
@@ -167,20 +167,20 @@ def _elf_needs(data: bytes) -> tuple[list[str], str | None]:
     return names, interpreter
 
 
-def python_runtime(root: Path) -> dict[str, images.Entry]:
-    """Debian's Python from `root`, with what it loads, as layer entries."""
+def python_runtime(root: Path) -> Tree:
+    """Debian's Python from `root`, with what it loads."""
     tree = Tree(root)
     paths = [p for name in PYTHON_PACKAGES for p in tree.package(name)]
     tree.libraries(paths)
     tree.files["/usr/bin/python3"] = images.Link(PYTHON)
     tree.files["/usr/local/bin/python"] = images.Link(f"/usr/bin/{PYTHON}")
-    return tree.files
+    return tree
 
 
-def _pip(*args: str, cwd: Path | None = None) -> None:
+def _pip(*args: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", *args],
-        capture_output=True, text=True, timeout=900, cwd=cwd,
+        capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if proc.returncode != 0:
         raise build.BuildError(f"pip {args[0]}: {proc.stderr.strip()[-600:]}")
@@ -246,8 +246,7 @@ def agents(base_root: Path, cache_dir: Path = build.CACHE_DIR) -> images.Image:
         if archive.is_file():
             done.touch()  # the most recently used are the ones kept
             return images.Image("agents", fact["ref"], archive, fact["sha256"], fact["digest"])
-    tree = Tree(base_root)
-    tree.files = python_runtime(base_root)
+    tree = python_runtime(base_root)
     files = tree.files
     with tempfile.TemporaryDirectory() as tmp:
         site_packages(project, Path(tmp))
