@@ -206,7 +206,17 @@ def site_packages(project: Path, into: Path) -> None:
         "--platform", "manylinux2014_x86_64", "--python-version", "3.11", "--implementation", "cp",
         "--abi", "cp311", "-c", str(project / "constraints.txt"), "-r", str(project / REQUIREMENTS),
     )  # fmt: skip
-    shutil.rmtree(into / "bin", ignore_errors=True)  # console scripts: the pods run `python -m ...`
+    _drop_scripts(into)
+
+
+def _drop_scripts(site: Path) -> None:
+    """Console scripts go (the pods run `python -m ...`), and so do their lines in each RECORD: pip
+    writes the building Python's path into a script's first line, so its hash there differs from one
+    checkout's virtual environment to another's."""
+    shutil.rmtree(site / "bin", ignore_errors=True)
+    for record in site.glob("*.dist-info/RECORD"):
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(line for line in lines if not line.startswith("../../bin/")))
 
 
 def _drop_direct_url(site: Path) -> None:

@@ -5,15 +5,17 @@ backends whose health probe passes; in the lab the switch namespace plays the fa
 frontend address is the switch's and HAProxy, in TCP mode, forwards to the API servers. The probe is
 the plan's: HTTPS `GET /readyz` (certificate not verified, as Azure's probe does not) every
 APISERVER_PROBE_INTERVAL_S, a backend out after APISERVER_PROBE_THRESHOLD failures and back after as
-many successes (a probe with no answer within CHECK_TIMEOUT_S fails, so a backend that vanishes is
-out within one interval and that timeout); idle flows are kept APISERVER_LB_IDLE_TIMEOUT_MIN. As in
+many successes. A probe's connection not made within CONNECT_TIMEOUT_S fails, so a backend that
+vanishes is out within one interval and that; a probe connected but not answered fails after
+CHECK_TIMEOUT_S, the interval, as Azure's HTTP probe waits for its answer up to the interval (so a
+server slow for a moment on a loaded host is not taken out by one slow answer); idle flows are kept APISERVER_LB_IDLE_TIMEOUT_MIN. As in
 Azure, a connection balanced to a backend that has just died fails; it is not sent to another
 backend. When every backend fails the probe, new flows go to all of them (Azure's
 noHealthyBackendsBehavior AllProbedUp): each server again, as an unchecked backup.
 
 Differences: HAProxy ends each client's TCP connection and opens its own to the backend, so the API
 server sees the switch's address as the client (Azure's load balancer keeps the client's); and a
-connection to a vanished backend is closed after CHECK_TIMEOUT_S per attempt, where in Azure the
+connection to a vanished backend is closed after CONNECT_TIMEOUT_S per attempt, where in Azure the
 client's own SYNs go unanswered until it gives up. Either way the request fails.
 """
 
@@ -40,9 +42,12 @@ CONFIG = "apiserver-lb.cfg"
 SOCKET = "apiserver-lb.sock"
 LOG = "apiserver-lb.log"
 BACKEND = "apiservers"
-# A probe not answered within this fails (connect included: HAProxy takes min(timeout connect, inter)
-# to connect a check, so the backend's connect timeout is this too).
-CHECK_TIMEOUT_S = 1
+# A probe's connection not made within this fails (HAProxy takes min(timeout connect, inter) to
+# connect a check); a client's connection to a backend is given as long.
+CONNECT_TIMEOUT_S = 1
+# A probe connected but not answered within this fails: the interval, as in Azure. One slow /readyz
+# while a new controller-manager leader lists everything must not take the last server out.
+CHECK_TIMEOUT_S = APISERVER_PROBE_INTERVAL_S
 ALL_DOWN_SUFFIX = "-all-down"  # the same servers again, used only while every checked one is down
 
 
@@ -78,7 +83,7 @@ global
 
 defaults
     mode tcp
-    timeout connect {CHECK_TIMEOUT_S}s
+    timeout connect {CONNECT_TIMEOUT_S}s
     timeout check {CHECK_TIMEOUT_S}s
     timeout client {APISERVER_LB_IDLE_TIMEOUT_MIN}m
     timeout server {APISERVER_LB_IDLE_TIMEOUT_MIN}m
