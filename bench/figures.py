@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,19 @@ def _real_nodes_rows() -> list[tuple[str, str, str]]:
             f"{real['pods_per_round']} pods at once on one lab node through kubelet, containerd, runc and the "
             f"CNI chain: create -> Ready p50 / slowest (median of {len(real['rounds'])} rounds)",
             f"{real['p50_s_median']:.1f} / {real['p99_s_median']:.1f} s",
+            "real_nodes.json",
+        ),
+        (
+            f"the kubelet's RunPodSandbox (containerd and the CNI chain), {real['run_podsandbox_pods_per_round']} "
+            "pods at once: our chain (ptp, superkube-bandwidth, portmap) / a stock bridge chain, same node, "
+            "alternated (each round's mean in brackets)",
+            "{:.0f} / {:.0f} ms = {:.2f}x ({} / {} ms)".format(
+                1000 * statistics.mean(real["run_podsandbox_s"]["ours"]),
+                1000 * statistics.mean(real["run_podsandbox_s"]["stock_bridge"]),
+                real["run_podsandbox_ratio"],
+                ", ".join(f"{1000 * v:.0f}" for v in real["run_podsandbox_s"]["ours"]),
+                ", ".join(f"{1000 * v:.0f}" for v in real["run_podsandbox_s"]["stock_bridge"]),
+            ),
             "real_nodes.json",
         ),
     ]
