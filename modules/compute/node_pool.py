@@ -46,6 +46,8 @@ class NodePoolArgs:
     """Tag the scale sets for cluster-autoscaler discovery (default: on)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every scale set (default: none)."""
+    team: str | None = None
+    """The team whose taint the nodes register with, from the spec's teams (default: none)."""
 
     def __post_init__(self) -> None:
         require(bool(self.scale_sets), "scale_sets", "a pool needs at least one scale set")
@@ -95,7 +97,7 @@ class NodePool(pulumi.ComponentResource):
         super().__init__("superkube:compute:NodePool", name, None, opts)
         pool = args.pool
         labels = cloudinit.node_labels(args.cluster, pool.name, pool.role, pool.labels)
-        taints = cloudinit.node_taints(pool.role, pool.taints)
+        taints = cloudinit.node_taints(pool.role, pool.taints, args.team)
         custom_data = cloudinit.encode(
             cloudinit.render(
                 cluster=args.cluster,

@@ -9,9 +9,10 @@ from typing import Any
 import yaml
 
 from policies.rules.platform import _dig, _kind, _name, _objects
-from superkube.cluster import jobs
+from superkube.cluster import autoscaling, jobs
 from superkube.cluster.kube import NAMESPACE_NAME_LABEL
 from superkube.model import teams
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
 
 SYSTEM_NAMESPACE = "kube-system"
@@ -42,6 +43,47 @@ def _teams_no_overlap(view: StackView, config: RuleConfig) -> Iterator[Finding]:
                 "select the same nodes; priority then decides silently which team loses them",
                 r.urn,
             )
+
+
+VMSS = "azure-native:compute:VirtualMachineScaleSet"
+
+
+def _template_team(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    """Each autoscaled scale set's node template carries the team taint the teams ConfigMap gives
+    nodes with the template's labels (by the tuples those labels decide): the autoscaler plans
+    pending pods onto new nodes from the template, and the reconciler taints the real ones."""
+    label = autoscaling.template_tag("label", "")
+    taint = autoscaling.template_tag("taint", teams.TEAM_KEY)
+    for r, key, text in _team_configs(view):
+        try:
+            tuples = teams.parse(yaml.safe_load(str(text)), f"{_name(r)}:{key}")
+        except (yaml.YAMLError, teams.TeamsError):
+            continue  # platform-teams-no-overlap reports a file it cannot read
+        for vmss in view.of_type(VMSS):
+            tags = vmss.tags
+            if not autoscaling.is_autoscaled(tags):
+                continue
+            # the template's labels and each selector, both in the tags' encoding ('/' as '_')
+            # (the preflight label changes once a node passes: no team may depend on it)
+            preflight = autoscaling.template_tag("label", PREFLIGHT_TAINT_KEY)
+            labels = {
+                k.removeprefix(label): v for k, v in tags.items() if k.startswith(label) and k != preflight
+            }
+            encoded = [
+                t.model_copy(update={"selector": {autoscaling.template_tag("label", k).removeprefix(label): v
+                                                  for k, v in t.selector.items()}})
+                for t in tuples
+            ]  # fmt: skip
+            team = teams.owner([t for t in encoded if not t.undecided_by(labels)], labels)
+            want = f"{team}:{teams.TAINT_EFFECT}" if team else None
+            if tags.get(taint) != want:
+                gives = f"{teams.TEAM_KEY}={want}" if want else "no team taint"
+                yield Finding(
+                    f"scale set {vmss.name}: its node template's team taint is {tags.get(taint) or 'none'}, "
+                    f"but {_name(r)} gives its nodes {gives}: the autoscaler would plan pods onto nodes "
+                    "that then carry another taint",
+                    vmss.urn,
+                )
 
 
 def _mpijob_pod_group(view: StackView, config: RuleConfig) -> Iterator[Finding]:
@@ -90,6 +132,13 @@ RULES = [
         "No two teams' capacity tuples can select the same nodes, unless one of them is the borrowable team any.",
         "Make the selectors disjoint (a label value only one team's nodes carry), or mark the shared nodes any.",
         _teams_no_overlap,
+    ),
+    Rule(
+        "platform-team-taint-in-node-template",
+        "high",
+        "Every autoscaled scale set's node template carries the team taint the teams configuration gives its nodes, as they register with it.",
+        "Plan the stack again (the pool's team comes from superkube:teams), or give the pool the label its team's tuple selects on.",
+        _template_team,
     ),
     Rule(
         "platform-mpijob-pod-group",

@@ -3,8 +3,11 @@ exhaustion and leaks, a reboot, and per-pod egress limits measured with iperf3.
 
 Two GPU nodes of the flagship's pool, converged with node_software (the CNI plugins, our boot unit
 and our shaping plugin) and the iptables accounting. Pods are network namespaces on the nodes with
-the CNI chain run as a container runtime runs it (superkube/lab/cnirun.py, copied to each node).
-Runs in file order on one lab.
+the CNI chain run as a container runtime runs it (superkube/lab/cnirun.py, copied to each node):
+these tests drive CNI calls directly (an ADD past the last IP, 500 ADD/DEL cycles, a reboot, a
+hand-written conflist) or measure the chain alone. Pods through kubelet and containerd, across two
+nodes and under the egress annotation, are tests/lab/test_running_nodes.py's. Runs in file order
+on one lab.
 """
 
 from __future__ import annotations
@@ -154,22 +157,6 @@ def test_metadata_needs_its_header_and_a_bad_answer_changes_no_config(net: lab.L
         assert proc.stderr.count("\n") == 1 and "kept the previous one" in proc.stderr, proc.stderr
     assert sh(net, "gpu-1", f"sha256sum {CONFLIST}") == before
     assert sh(net, "gpu-1", "ls -A /etc/cni/net.d").split() == ["10-superkube.conflist"]
-
-
-def test_pods_on_two_nodes_reach_each_other_with_their_own_ips(net: lab.Lab) -> None:
-    a, b = add(net, "gpu-1", "web-a"), add(net, "gpu-2", "web-b")
-    ip_a, ip_b = pod_ip(a), pod_ip(b)
-    assert ip_a in net.host("gpu-1").secondary and ip_b in net.host("gpu-2").secondary
-    # the receiver sees the sender's pod IP: no SNAT, no overlay
-    listen(net, "gpu-2", "web-b")
-    sh(net, "gpu-1", f"echo hello | ip netns exec web-a nc -N -w 5 {ip_b} 7000")
-    assert heard(net, "gpu-2") == [ip_a, "hello"]
-    # and from a node to the other node's pod
-    listen(net, "gpu-1", "web-a")
-    sh(net, "gpu-2", f"echo back | nc -N -w 5 {ip_a} 7000")
-    assert heard(net, "gpu-1") == [net.host("gpu-2").address, "back"]
-    for host, pod in (("gpu-1", "web-a"), ("gpu-2", "web-b")):
-        sh(net, host, f"{CNIRUN} del {pod}")
 
 
 def test_a_pods_internet_bytes_count_as_internet_and_its_vnet_bytes_do_not(net: lab.Lab) -> None:

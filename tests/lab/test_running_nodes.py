@@ -25,7 +25,7 @@ from superkube.cli import app
 from superkube.cluster import autoscaling
 from superkube.lab import hosts as lab
 from superkube.lab import nodes
-from superkube.model import rates
+from superkube.model import rates, teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import Labs, get, kubectl, ok, sh
 
@@ -115,8 +115,10 @@ def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
         taint_tags = {k: v for k, v in tags.items() if k.startswith(autoscaling.template_tag("taint", ""))}
         assert labels == label_tags, name
         assert taints == taint_tags, name
-    # the GPU node waits behind the preflight taint; the CPU node has none
-    assert get(control_plane, "node", "gpu-1")["spec"].get("taints")
+    # the GPU node waits behind the preflight taint, and is its team's from the start (flagship's GPU
+    # pool is capacity anyone may borrow); the CPU node has neither
+    gpu_taints = {(t["key"], t.get("value")) for t in get(control_plane, "node", "gpu-1")["spec"]["taints"]}
+    assert gpu_taints == {(PREFLIGHT_TAINT_KEY, "pending"), (teams.TEAM_KEY, teams.ANY)}, gpu_taints
     assert not get(control_plane, "node", "cpu-1")["spec"].get("taints")
 
 
@@ -150,13 +152,14 @@ def test_a_nodes_credentials_change_its_own_node_but_not_another(
 
 
 # In kube-system: the team webhook (fail-closed) asks about every pod outside the system namespaces,
-# and on the lab it cannot answer yet (the agents' image is not built for the lab's nodes yet).
+# and on the lab it cannot answer yet (the agents' image is not built for the lab's nodes yet). A
+# GPU node registers with its team's taint (flagship's GPU pool: any), so the pods tolerate it.
 POD = """apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: kube-system, labels: {{superkube.io/test: runtime}}}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {node}}}
-  tolerations: [{{key: {preflight}, operator: Exists, effect: NoSchedule}}]
+  tolerations: [{{key: {preflight}, operator: Exists, effect: NoSchedule}}, {{key: {team}, operator: Exists, effect: NoSchedule}}]
   containers:
   - {{name: main, image: "{image}", imagePullPolicy: Never}}
 """
@@ -184,7 +187,8 @@ def test_pods_run_through_the_real_runtime_on_their_nodes_vnet_ips(
     image = control_plane.images["pause"]["ref"]
     names = {node: f"runtime-{node}" for node in NODES}
     manifests = "---\n".join(
-        POD.format(name=names[n], node=n, image=image, preflight=PREFLIGHT_TAINT_KEY) for n in NODES
+        POD.format(name=names[n], node=n, image=image, preflight=PREFLIGHT_TAINT_KEY, team=teams.TEAM_KEY)
+        for n in NODES
     )
     ok(control_plane, "apply", "-f", "-", stdin=manifests)
     try:
@@ -243,7 +247,7 @@ metadata:
   annotations: {annotations}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {node}}}
-  tolerations: [{{key: {preflight}, operator: Exists, effect: NoSchedule}}]
+  tolerations: [{{key: {preflight}, operator: Exists, effect: NoSchedule}}, {{key: {team}, operator: Exists, effect: NoSchedule}}]
   restartPolicy: Never
   containers:
   - {{name: main, image: "{image}", imagePullPolicy: Never, args: {args}}}
@@ -258,6 +262,7 @@ def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations:
         node=node,
         image=fleet.images["netload"]["ref"],
         preflight=PREFLIGHT_TAINT_KEY,
+        team=teams.TEAM_KEY,
         args=json.dumps(args),
         annotations=json.dumps(annotations),
     )

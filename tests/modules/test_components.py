@@ -181,6 +181,32 @@ def test_gpu_nodes_register_behind_the_preflight_taint_after_a_jitter(any_plan: 
             assert "preflight" not in kubelet
 
 
+def test_each_pools_nodes_register_with_their_teams_taint_and_the_template_says_so(any_plan: Plan) -> None:
+    """A node is its team's from registration, and the autoscaler's template carries the same taint:
+    a template without it would plan a pending pod onto a node that the team reconciler then taints
+    against the pod. The team is the one the reconciler computes from the node's labels once joined."""
+    from superkube.model import teams
+
+    spec = any_plan.spec
+    assert spec.teams, f"{any_plan.stack} has no teams: nothing here would be shown"
+    for s in any_plan.of_type(VMSS):
+        pool = next(p for p in spec.node_pools if p.name == s.inputs["tags"]["superkube-pool"])
+        doc = cloudinit.decode(s.inputs["virtualMachineProfile"]["osProfile"]["customData"])
+        kubelet = next(f["content"] for f in doc["write_files"] if f["path"] == "/etc/default/kubelet")  # type: ignore[index]
+        registered = dict(
+            pair.split("=", 1) for pair in kubelet.split("--node-labels=")[1].split()[0].split(",")
+        )
+        joined = {**registered, "kubernetes.io/hostname": "x", "topology.kubernetes.io/zone": "1"}
+        team = teams.owner(spec.teams, joined)
+        assert team == spec.pool_team(pool)
+        tag = s.inputs["tags"].get("k8s.io_cluster-autoscaler_node-template_taint_superkube.io_team")
+        if team is None:
+            assert "superkube.io/team" not in kubelet and tag is None
+        else:
+            assert f"superkube.io/team={team}:NoSchedule" in kubelet.split("--register-with-taints=")[1]
+            assert tag == f"{team}:NoSchedule"
+
+
 def test_peering_only_between_hub_and_spoke(any_plan: Plan) -> None:
     peerings = any_plan.of_type(PEERING)
     hub = f"vnet-{any_plan.cluster}-hub"

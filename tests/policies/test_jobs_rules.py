@@ -70,12 +70,15 @@ def drop_worker_label(job: dict[str, Any]) -> None:
 
 
 JOB: dict[str, Any] = {}
+ANY_GPU = {"selector": {"superkube.io/pool": "gpu"}, "team": "any", "priority": 100}
 
 CASES: list[tuple[str, Callable[[Doc], None], str]] = [
     (
+        # (the pool stays any's, as its node template says, so only the overlap is wrong)
         "two teams on one pool",
         set_teams(
             [
+                ANY_GPU,
                 {"selector": {"superkube.io/pool": "gpu"}, "team": "research", "priority": 0},
                 {"selector": {"superkube.io/pool": "gpu"}, "team": "pretraining", "priority": 5},
             ]
@@ -86,6 +89,7 @@ CASES: list[tuple[str, Callable[[Doc], None], str]] = [
         "a rack of one team inside another team's pool",
         set_teams(
             [
+                ANY_GPU,
                 {"selector": {"superkube.io/pool": "gpu"}, "team": "research", "priority": 0},
                 {
                     "selector": {"superkube.io/pool": "gpu", "superkube.io/rack-group": "a"},
@@ -95,6 +99,21 @@ CASES: list[tuple[str, Callable[[Doc], None], str]] = [
             ]
         ),
         "platform-teams-no-overlap",
+    ),
+    (
+        "the GPU pool made a team's while its template says any",
+        set_teams([{"selector": {"superkube.io/pool": "gpu"}, "team": "research", "priority": 0}]),
+        "platform-team-taint-in-node-template",
+    ),
+    (
+        "a CPU pool made a team's while its template has no team taint",
+        set_teams(
+            [
+                {"selector": {"superkube.io/pool": "gpu"}, "team": "any", "priority": 0},
+                {"selector": {"superkube.io/role": "cpu"}, "team": "research", "priority": 5},
+            ]
+        ),
+        "platform-team-taint-in-node-template",
     ),
     (
         "a worker template without its pod-group label",

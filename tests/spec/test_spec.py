@@ -45,3 +45,32 @@ def test_defaults_from_pulumi_yaml_fill_what_a_stack_leaves_out(root: Path, tmp_
     assert config["superkube:control_plane_zones"] == '["1", "2", "3"]'
     parsed = ClusterSpec.model_validate({k.partition(":")[2]: v for k, v in config.items()})
     assert parsed.etcd_main_count == 5 and parsed.node_pools[0].role == "gpu"
+
+
+def test_a_pools_team_is_what_its_own_labels_decide() -> None:
+    """The team a pool's nodes register with: by the highest-priority tuple the pool's labels (name,
+    role, node_pools[].labels) decide. A tuple on a label the pool does not carry cannot be told
+    before a node exists, so it is left to the reconciler; one the labels rule out never counts."""
+    from superkube.model.spec import NodePool
+    from superkube.model.teams import parse
+
+    def pool(name: str, **labels: str) -> NodePool:
+        return NodePool(
+            name=name, role="gpu", vm_size="Standard_ND96isr_H100_v5", nodes=10, gpus_per_node=8,
+            pod_ips_per_node=7, labels=labels,
+        )  # fmt: skip
+
+    tuples = parse(
+        [
+            {"selector": {"superkube.io/role": "gpu"}, "team": "any", "priority": 0},
+            {"selector": {"superkube.io/pool": "gpu", "rack": "a"}, "team": "research", "priority": 10},
+            {"selector": {"superkube.io/pool": "big", "tier": "pre"}, "team": "pretraining", "priority": 10},
+        ]
+    )
+    spec = ClusterSpec.model_construct(teams=tuples)
+    assert tuples[1].undecided_by(pool("gpu").template_labels()) == ["rack"]
+    assert spec.pool_team(pool("gpu")) == "any"  # the rack tuple waits for a rack label
+    assert spec.pool_team(pool("big", tier="pre")) == "pretraining"
+    assert tuples[2].undecided_by(pool("big", tier="post").template_labels()) == []  # ruled out
+    assert spec.pool_team(pool("big", tier="post")) == "any"
+    assert ClusterSpec.model_construct(teams=[]).pool_team(pool("gpu")) is None

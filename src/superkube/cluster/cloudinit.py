@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model import teams
+from superkube.model.spec import POOL_LABEL, PREFLIGHT_TAINT_KEY, ROLE_LABEL
 
 PREFLIGHT_PENDING = "pending"  # the preflight taint's and label's value until the node passes
 PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}:NoSchedule"
@@ -33,10 +34,6 @@ JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
 BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 
 
-POOL_LABEL = "superkube.io/pool"
-"""The node label naming a node's pool: balloons, the autoscaler's templates and policies select on it."""
-ROLE_LABEL = "superkube.io/role"
-"""The node label naming a node's role (gpu or cpu)."""
 EGRESS_TAG = "superkube-egress-limit"
 """The scale-set tag carrying a pool's default pod egress limit (bits/s); a node reads it from its
 instance metadata (`superkube.agents.cni_config`, which runs alone on nodes, keeps the same name)."""
@@ -64,8 +61,13 @@ def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) ->
     return labels
 
 
-def node_taints(role: str, extra: Sequence[str]) -> list[str]:
-    return ([PREFLIGHT_TAINT] if role == "gpu" else []) + list(extra)
+def node_taints(role: str, extra: Sequence[str], team: str | None = None) -> list[str]:
+    """The taints a pool's nodes register with: preflight on GPU nodes, the pool's own, and its
+    team's (`ClusterSpec.pool_team`), so a node is its team's from its first moment and the
+    autoscaler's template says so too (a template without it would plan a pod onto a node the
+    team reconciler then taints against it)."""
+    team_taint = [f"{teams.TEAM_KEY}={team}:{teams.TAINT_EFFECT}"] if team else []
+    return ([PREFLIGHT_TAINT] if role == "gpu" else []) + list(extra) + team_taint
 
 
 def render(

@@ -23,6 +23,7 @@ from superkube.model import strictyaml
 from superkube.model.rates import parse_rate
 from superkube.model.teams import TeamsError, TeamTuple
 from superkube.model.teams import check as teams_check
+from superkube.model.teams import owner as team_owner
 
 NAMESPACE = "superkube"
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
@@ -39,6 +40,10 @@ DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
 """Managed disk SKUs fast enough for etcd's fsync-heavy writes (premium or ultra)."""
 
 PREFLIGHT_TAINT_KEY = "superkube.io/preflight"
+POOL_LABEL = "superkube.io/pool"
+"""The node label naming a node's pool: balloons, the autoscaler's templates and policies select on it."""
+ROLE_LABEL = "superkube.io/role"
+"""The node label naming a node's role (gpu or cpu)."""
 
 
 def is_quorum_size(members: int) -> bool:
@@ -110,6 +115,12 @@ class NodePool(_Model):
             "Off (unlimited) by default."
         ),
     )
+
+    def template_labels(self) -> dict[str, str]:
+        """The labels every node of the pool registers with that are known before it exists, and
+        stay: what the autoscaler's node template can say, so what a node's team may depend on (the
+        cluster's name is added at registration too; the preflight label changes when it passes)."""
+        return {POOL_LABEL: self.name, ROLE_LABEL: self.role, **self.labels}
 
     @field_validator("egress_limit", mode="before")
     @classmethod
@@ -620,6 +631,15 @@ class ClusterSpec(_Model):
         if not any(p.role == "gpu" for p in self.node_pools):
             raise SpecError(f"{NAMESPACE}:node_pools", "has no gpu pool", "add a pool with role: gpu")
         return self
+
+    def pool_team(self, pool: NodePool) -> str | None:
+        """The team whose taint the pool's nodes register with, and the autoscaler's template of them
+        carries (None: no team taint): the owner by the tuples the pool's template labels decide. A
+        tuple on a label the pool does not carry (a rack label put on nodes later) is left out; the
+        team reconciler applies it once a node has that label, and for such nodes the template and
+        the node then differ."""
+        labels = pool.template_labels()
+        return team_owner([t for t in self.teams if not t.undecided_by(labels)], labels)
 
     def name(self, stack: str) -> str:
         return self.cluster_name or stack

@@ -71,6 +71,13 @@ class TeamTuple(BaseModel):
     def matches(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(k) == v for k, v in self.selector.items())
 
+    def undecided_by(self, labels: Mapping[str, str]) -> list[str]:
+        """The selector's keys that labels known before a node exists (its pool's template) leave
+        open: none when the template matches every pair, or rules the tuple out by one of them."""
+        if any(k in labels and labels[k] != v for k, v in self.selector.items()):
+            return []
+        return sorted(k for k in self.selector if k not in labels)
+
 
 class TeamsError(ValueError):
     """A teams configuration that cannot be applied: one line naming the tuple and the fix."""
