@@ -58,7 +58,9 @@ FAULT_SHARE = 0.05
 
 def node_body(i: int, pool: str = POOL) -> tuple[dict[str, Any], dict[str, Any]]:
     """A node as its kubelet registers it (handed to kwok) and the status it reports at registration:
-    the plan's node-template labels, past preflight (its label gone), and the hardware's."""
+    the plan's node-template labels, past preflight (its label gone), and the hardware's. Not its
+    team's taint, which kubelets now register with: the reconciler's first pass adds it, so the
+    figures include a write per node that a real cluster's first pass no longer makes."""
     name = f"{pool}-{i:05d}"
     gpu = pool == POOL
     labels = {

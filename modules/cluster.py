@@ -241,7 +241,7 @@ class Cluster(pulumi.ComponentResource):
                     join_jitter_seconds=spec.autoscaler_join_jitter_seconds,
                     autoscaler=spec.autoscaler_enabled,
                     tags=tags,
-                    team=spec.pool_team(pool),
+                    team=spec.pool_team(pool, cluster),
                     **login,
                 ),
                 opts=child(self),

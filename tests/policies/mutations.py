@@ -303,7 +303,9 @@ def scale_set_over_vm_limit(doc: Doc) -> None:
 
 
 def remove_preflight_taint(doc: Doc) -> None:
-    def strip(text: str) -> str:
+    def strip(text: str) -> str:  # the preflight taint out of the list, whatever else it holds
+        text = text.replace("superkube.io/preflight=pending:NoSchedule,", "")
+        text = text.replace(",superkube.io/preflight=pending:NoSchedule", "")
         return text.replace(" --register-with-taints=superkube.io/preflight=pending:NoSchedule", "")
 
     rewrite_cloud_init(gpu_vmss(doc), "/etc/default/kubelet", strip)

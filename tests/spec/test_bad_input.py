@@ -168,6 +168,13 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("zone-4", {"node_pools": pools(zones=["4"])}, "superkube:node_pools[0].zones[0]", "'1'"),
     ("bad-taint", {"node_pools": pools(taints=["gpu=true"])}, "superkube:node_pools[0].taints", "taint"),
+    (
+        # the plan gives a pool its team's taint; a second of one key and effect fails registration
+        "team-taint-by-hand",
+        {"node_pools": pools(taints=["superkube.io/team=research:NoSchedule"])},
+        "superkube:node_pools[0].taints",
+        "comes from superkube:teams",
+    ),
     ("bad-cluster-name", {"cluster_name": "Bad_Name"}, "superkube:cluster_name", "cluster name"),
     ("min-over-max", {"node_pools": pools(min_nodes=10)}, "superkube:node_pools[0]", "min_nodes"),
     ("pool-name-uppercase", {"node_pools": pools(name="GPU")}, "superkube:node_pools[0].name", "pool name"),

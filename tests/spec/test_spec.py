@@ -65,12 +65,14 @@ def test_a_pools_team_is_what_its_own_labels_decide() -> None:
             {"selector": {"superkube.io/role": "gpu"}, "team": "any", "priority": 0},
             {"selector": {"superkube.io/pool": "gpu", "rack": "a"}, "team": "research", "priority": 10},
             {"selector": {"superkube.io/pool": "big", "tier": "pre"}, "team": "pretraining", "priority": 10},
+            {"selector": {"superkube.io/cluster": "other"}, "team": "research", "priority": 20},
         ]
     )
     spec = ClusterSpec.model_construct(teams=tuples)
-    assert tuples[1].undecided_by(pool("gpu").template_labels()) == ["rack"]
-    assert spec.pool_team(pool("gpu")) == "any"  # the rack tuple waits for a rack label
-    assert spec.pool_team(pool("big", tier="pre")) == "pretraining"
-    assert tuples[2].undecided_by(pool("big", tier="post").template_labels()) == []  # ruled out
-    assert spec.pool_team(pool("big", tier="post")) == "any"
-    assert ClusterSpec.model_construct(teams=[]).pool_team(pool("gpu")) is None
+    assert tuples[1].undecided_by(pool("gpu").template_labels("c")) == ["rack"]
+    assert spec.pool_team(pool("gpu"), "c") == "any"  # the rack tuple waits for a rack label
+    assert spec.pool_team(pool("big", tier="pre"), "c") == "pretraining"
+    assert tuples[2].undecided_by(pool("big", tier="post").template_labels("c")) == []  # ruled out
+    assert spec.pool_team(pool("big", tier="post"), "c") == "any"
+    assert tuples[3].undecided_by(pool("gpu").template_labels("c")) == []  # another cluster's
+    assert ClusterSpec.model_construct(teams=[]).pool_team(pool("gpu"), "c") is None

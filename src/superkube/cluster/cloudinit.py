@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import yaml
 
 from superkube.model import teams
-from superkube.model.spec import POOL_LABEL, PREFLIGHT_TAINT_KEY, ROLE_LABEL
+from superkube.model.spec import CLUSTER_LABEL, POOL_LABEL, PREFLIGHT_TAINT_KEY, ROLE_LABEL
 
 PREFLIGHT_PENDING = "pending"  # the preflight taint's and label's value until the node passes
 PREFLIGHT_TAINT = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}:NoSchedule"
@@ -51,7 +51,7 @@ def join_jitter_seconds(join_script: str) -> int | None:
 
 def node_labels(cluster: str, pool: str, role: str, extra: Mapping[str, str]) -> dict[str, str]:
     labels = {
-        "superkube.io/cluster": cluster,
+        CLUSTER_LABEL: cluster,
         POOL_LABEL: pool,
         ROLE_LABEL: role,
     }

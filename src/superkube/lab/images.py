@@ -208,7 +208,7 @@ def lab_images(cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
     """Every image the lab's nodes get, by name.
 
     Not yet the agents' image (superkube.lab.agents_image): imported under the name the layer pins, it
-    starts the layer's agents for real, and the team reconciler then taints the GPU node
-    `superkube.io/team=any` 35 s after it turned Ready, a taint its scale set's node template does not
-    carry. That window and that template are to be fixed before the agents run in the lab."""
+    starts the layer's agents for real. Nodes now register with their team's taint, as their node
+    template says (it once came 35 s after Ready, from the reconciler); the preflight stand-in and
+    the health agent's readings come before the agents run in the lab."""
     return {"pause": pause(cache_dir), "netload": netload(cache_dir)}

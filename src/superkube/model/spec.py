@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from superkube.model import strictyaml
 from superkube.model.rates import parse_rate
-from superkube.model.teams import TeamsError, TeamTuple
+from superkube.model.teams import TEAM_KEY, TeamsError, TeamTuple
 from superkube.model.teams import check as teams_check
 from superkube.model.teams import owner as team_owner
 
@@ -40,10 +40,20 @@ DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
 """Managed disk SKUs fast enough for etcd's fsync-heavy writes (premium or ultra)."""
 
 PREFLIGHT_TAINT_KEY = "superkube.io/preflight"
+CLUSTER_LABEL = "superkube.io/cluster"
+"""The node label naming a node's cluster."""
 POOL_LABEL = "superkube.io/pool"
 """The node label naming a node's pool: balloons, the autoscaler's templates and policies select on it."""
 ROLE_LABEL = "superkube.io/role"
 """The node label naming a node's role (gpu or cpu)."""
+
+
+RESERVED_TAINT_KEYS = {
+    PREFLIGHT_TAINT_KEY: "every GPU node registers behind it until its preflight passes",
+    TEAM_KEY: "a pool's team comes from superkube:teams",
+}
+"""Taint keys a pool's nodes get from the plan; a second taint of one key and effect would make the
+API server refuse the node's registration."""
 
 
 def is_quorum_size(members: int) -> bool:
@@ -116,11 +126,11 @@ class NodePool(_Model):
         ),
     )
 
-    def template_labels(self) -> dict[str, str]:
+    def template_labels(self, cluster: str) -> dict[str, str]:
         """The labels every node of the pool registers with that are known before it exists, and
         stay: what the autoscaler's node template can say, so what a node's team may depend on (the
-        cluster's name is added at registration too; the preflight label changes when it passes)."""
-        return {POOL_LABEL: self.name, ROLE_LABEL: self.role, **self.labels}
+        preflight label is left out: it changes when a node passes)."""
+        return {CLUSTER_LABEL: cluster, POOL_LABEL: self.name, ROLE_LABEL: self.role, **self.labels}
 
     @field_validator("egress_limit", mode="before")
     @classmethod
@@ -155,6 +165,11 @@ class NodePool(_Model):
             if not _TAINT.match(taint):
                 raise ValueError(
                     f"{taint!r} is not a taint; write key=value:NoSchedule|PreferNoSchedule|NoExecute"
+                )
+            key = taint.partition("=")[0].partition(":")[0]
+            if key in RESERVED_TAINT_KEYS:
+                raise ValueError(
+                    f"{taint!r}: {key} is set for you ({RESERVED_TAINT_KEYS[key]}); leave it out of taints"
                 )
         return v
 
@@ -632,13 +647,13 @@ class ClusterSpec(_Model):
             raise SpecError(f"{NAMESPACE}:node_pools", "has no gpu pool", "add a pool with role: gpu")
         return self
 
-    def pool_team(self, pool: NodePool) -> str | None:
+    def pool_team(self, pool: NodePool, cluster: str) -> str | None:
         """The team whose taint the pool's nodes register with, and the autoscaler's template of them
         carries (None: no team taint): the owner by the tuples the pool's template labels decide. A
         tuple on a label the pool does not carry (a rack label put on nodes later) is left out; the
         team reconciler applies it once a node has that label, and for such nodes the template and
         the node then differ."""
-        labels = pool.template_labels()
+        labels = pool.template_labels(cluster)
         return team_owner([t for t in self.teams if not t.undecided_by(labels)], labels)
 
     def name(self, stack: str) -> str:
