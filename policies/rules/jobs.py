@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from policies.rules.compute import VMSS
 from policies.rules.platform import _dig, _kind, _name, _objects
 from superkube.cluster import autoscaling, jobs
 from superkube.cluster.kube import NAMESPACE_NAME_LABEL
@@ -45,15 +46,14 @@ def _teams_no_overlap(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             )
 
 
-VMSS = "azure-native:compute:VirtualMachineScaleSet"
-
-
 def _template_team(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     """Each autoscaled scale set's node template carries the team taint the teams ConfigMap gives
     nodes with the template's labels (by the tuples those labels decide): the autoscaler plans
     pending pods onto new nodes from the template, and the reconciler taints the real ones."""
     label = autoscaling.template_tag("label", "")
     taint = autoscaling.template_tag("taint", teams.TEAM_KEY)
+    # the preflight label changes once a node passes: no team may depend on it
+    preflight = autoscaling.template_tag("label", PREFLIGHT_TAINT_KEY)
     for r, key, text in _team_configs(view):
         try:
             tuples = teams.parse(yaml.safe_load(str(text)), f"{_name(r)}:{key}")
@@ -64,8 +64,6 @@ def _template_team(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             if not autoscaling.is_autoscaled(tags):
                 continue
             # the template's labels and each selector, both in the tags' encoding ('/' as '_')
-            # (the preflight label changes once a node passes: no team may depend on it)
-            preflight = autoscaling.template_tag("label", PREFLIGHT_TAINT_KEY)
             labels = {
                 k.removeprefix(label): v for k, v in tags.items() if k.startswith(label) and k != preflight
             }
@@ -74,7 +72,7 @@ def _template_team(view: StackView, config: RuleConfig) -> Iterator[Finding]:
                                                   for k, v in t.selector.items()}})
                 for t in tuples
             ]  # fmt: skip
-            team = teams.owner([t for t in encoded if not t.undecided_by(labels)], labels)
+            team = teams.template_owner(encoded, labels)
             want = f"{team}:{teams.TAINT_EFFECT}" if team else None
             if tags.get(taint) != want:
                 gives = f"{teams.TEAM_KEY}={want}" if want else "no team taint"

@@ -8,8 +8,8 @@ APISERVER_PROBE_INTERVAL_S, a backend out after APISERVER_PROBE_THRESHOLD failur
 many successes. A probe's connection not made within CONNECT_TIMEOUT_S fails, so a backend that
 vanishes is out within one interval and that; a probe connected but not answered fails after
 CHECK_TIMEOUT_S, the interval, as Azure's HTTP probe waits for its answer up to the interval (so a
-server slow for a moment on a loaded host is not taken out by one slow answer); idle flows are kept APISERVER_LB_IDLE_TIMEOUT_MIN. As in
-Azure, a connection balanced to a backend that has just died fails; it is not sent to another
+server slow for a moment on a loaded host is not taken out by one slow answer); idle flows are kept
+APISERVER_LB_IDLE_TIMEOUT_MIN. As in Azure, a connection balanced to a backend that has just died fails; it is not sent to another
 backend. When every backend fails the probe, new flows go to all of them (Azure's
 noHealthyBackendsBehavior AllProbedUp): each server again, as an unchecked backup.
 

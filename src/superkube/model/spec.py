@@ -21,9 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from superkube.model import strictyaml
 from superkube.model.rates import parse_rate
-from superkube.model.teams import TEAM_KEY, TeamsError, TeamTuple
+from superkube.model.teams import TEAM_KEY, TeamsError, TeamTuple, template_owner
 from superkube.model.teams import check as teams_check
-from superkube.model.teams import owner as team_owner
 
 NAMESPACE = "superkube"
 KUBECONFIG_KEY = "kubernetes:kubeconfig"
@@ -653,8 +652,7 @@ class ClusterSpec(_Model):
         tuple on a label the pool does not carry (a rack label put on nodes later) is left out; the
         team reconciler applies it once a node has that label, and for such nodes the template and
         the node then differ."""
-        labels = pool.template_labels(cluster)
-        return team_owner([t for t in self.teams if not t.undecided_by(labels)], labels)
+        return template_owner(self.teams, pool.template_labels(cluster))
 
     def name(self, stack: str) -> str:
         return self.cluster_name or stack

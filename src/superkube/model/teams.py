@@ -151,6 +151,12 @@ def owner(tuples: Iterable[TeamTuple], labels: Mapping[str, str]) -> str | None:
     return best.team if best else None
 
 
+def template_owner(tuples: Iterable[TeamTuple], labels: Mapping[str, str]) -> str | None:
+    """The team of nodes that will carry these labels from registration (a pool's node template):
+    the owner by the tuples those labels decide; one on a label nodes get later is left out."""
+    return owner([t for t in tuples if not t.undecided_by(labels)], labels)
+
+
 def taint(team: str) -> dict[str, str]:
     return {"key": TEAM_KEY, "value": team, "effect": TAINT_EFFECT}
 
