@@ -1,6 +1,6 @@
 """The team taint reconciler: node taints follow the configuration (add, change, remove), no other
 taint is touched, a second round writes nothing, dry-run writes nothing; and as a process against
-a loopback API endpoint, through the official client's HTTP path."""
+a real API server (etcd and kube-apiserver at the pinned versions), as its Deployment runs it."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ import yaml
 
 from superkube.agents import team_taints
 from superkube.agents.team_taints import Reconciler
+from superkube.lab import apiserver
+from superkube.lab.apiserver import ADMIN_USER as ADMIN
+from superkube.lab.apiserver import LocalApi, free_port
 from superkube.model import teams
-from tests.agents.loopback import Api
-from tests.agents.test_node_health import free_port
+from tests.agents.conftest import admin, make_node
 
 TEAMS = [
     {"selector": {"superkube.io/pool": "gpu"}, "team": "any", "priority": 0},
@@ -124,46 +126,83 @@ def test_the_patch_is_valid_json_patch_that_keeps_other_taints() -> None:
         jsonpatch.apply_patch({**before, "spec": {"taints": []}}, team_taints.patch(before, after))
 
 
-# --- as a process -------------------------------------------------------------------------------
+# --- as a process, against a real API server ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApi]:
+    """A real API server of this module's own: the reconciler owns every node it can see (it removes
+    a team taint no tuple gives), so the session's shared server, whose nodes other tests made, is
+    not one it may be let loose on."""
+    with apiserver.running(tmp_path_factory.mktemp("teams-apiserver")) as running:
+        yield running
 
 
 @pytest.fixture
-def api() -> Iterator[Api]:
-    a = Api(nodes(), [], refuse=set())
-    yield a
-    a.server.shutdown()
-    a.server.server_close()
+def fleet(server: LocalApi) -> dict[str, dict[str, Any]]:
+    """The nodes of `nodes()` made on the server as kubelets register them (no others)."""
+    core = admin(server)
+    for n in core.list_node().items:
+        core.delete_node(n.metadata.name)
+    return {n["metadata"]["name"]: make_node(server, n["metadata"]["name"], n["metadata"]["labels"],
+                                             n["spec"]["taints"]) for n in nodes()}  # fmt: skip
 
 
-def run(config: Path, kubeconfig: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], int]:
-    port = free_port()
+def run(config: Path, kubeconfig: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "superkube.agents.team_taints", "--config", str(config),
-               "--kubeconfig", str(kubeconfig), "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
-               "--interval", "0.1", "--rounds", "1", *extra]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False), port
+               "--kubeconfig", str(kubeconfig), "--metrics-port", str(free_port()), "--metrics-address",
+               "127.0.0.1", "--interval", "0.1", "--rounds", "1", *extra]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_the_agent_patches_through_the_api(api: Api, config: Path, tmp_path: Path) -> None:
-    proc, _ = run(config, api.kubeconfig(tmp_path / "kubeconfig"))
+def on_server(server: LocalApi) -> dict[str, dict[str, Any]]:
+    core = admin(server)
+    return {
+        n["metadata"]["name"]: n for n in core.api_client.sanitize_for_serialization(core.list_node().items)
+    }
+
+
+def team_events(server: LocalApi) -> list[Any]:
+    items = admin(server).list_namespaced_event("default").items
+    return [e for e in items if e.reason == "TeamTaint"]
+
+
+def test_the_agent_patches_through_the_api(server: LocalApi, fleet: dict[str, Any], config: Path) -> None:
+    """The process, as its Deployment runs it, changes exactly the three nodes it should on a real
+    server, with JSON patches the server applies, and says so in an Event each."""
+    before = len(server.requests(ADMIN))
+    events = len(team_events(server))
+    proc = run(config, server.kubeconfig)
     assert proc.returncode == 0, proc.stderr
-    patches = {w[1].rsplit("/", 1)[1]: w for w in api.writes if w[0] == "PATCH"}
-    assert set(patches) == {"a-1", "b-1", "cpu-1"}
-    _, _, content_type, body = patches["a-1"]
-    assert content_type == "application/json-patch+json"
-    assert body[1]["value"] == [OTHER, teams.taint("research")]
-    assert sum(1 for w in api.writes if w[1].endswith("/events")) == 3
+    now = on_server(server)
+    assert now["a-1"]["spec"]["taints"] == [OTHER, teams.taint("research")]
+    assert now["b-1"]["spec"]["taints"] == [teams.taint("any"), CORDON]  # in place; the cordon stays
+    assert now["a-2"]["metadata"]["resourceVersion"] == fleet["a-2"]["metadata"]["resourceVersion"]
+    assert now["cpu-1"]["spec"]["taints"] == [OTHER]
+    writes = [r for r in server.requests(ADMIN)[before:] if r["verb"] == "patch"]
+    assert sorted(r["uri"].rsplit("/", 1)[1] for r in writes) == ["a-1", "b-1", "cpu-1"]
+    assert {r["code"] for r in writes} == {200}
+    assert len(team_events(server)) - events == 3
 
 
-def test_dry_run_sends_no_write_and_a_bad_file_is_one_line(api: Api, config: Path, tmp_path: Path) -> None:
-    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-    proc, _ = run(config, kubeconfig, "--dry-run")
-    assert proc.returncode == 0 and api.writes == [], proc.stderr
+def test_dry_run_sends_no_write_and_a_bad_file_is_one_line(
+    server: LocalApi, fleet: dict[str, Any], config: Path, tmp_path: Path
+) -> None:
+    before = len(server.requests(ADMIN))
+    proc = run(config, server.kubeconfig, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("dry-run: would") == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("- {selector: {rack: a}, team: research}\n- {selector: {rack: a}, team: other}\n")
-    proc, _ = run(bad, kubeconfig)
+    proc = run(bad, server.kubeconfig)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "same priority" in proc.stderr and api.writes == []
+    assert "same priority" in proc.stderr
+    verbs = {r["verb"] for r in server.requests(ADMIN)[before:]}
+    assert verbs <= {"get", "list", "watch"}, verbs
+    now = on_server(server)
+    assert all(
+        now[n]["metadata"]["resourceVersion"] == fleet[n]["metadata"]["resourceVersion"] for n in fleet
+    )
 
 
 def test_metrics_count_the_changes(config: Path) -> None:

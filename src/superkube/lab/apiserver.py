@@ -43,6 +43,8 @@ KWOK_NAMESPACE, KWOK_ACCOUNT = "kube-system", "kwok"
 KWOK_USER = f"system:serviceaccount:{KWOK_NAMESPACE}:{KWOK_ACCOUNT}"
 """the simulated kubelets' identity (`superkube.lab.kwok`): at thousands of nodes their Lease renewals
 would flood the audit log that requests are counted from, so they are not audited"""
+ADMIN_USER = "superkube-admin"  # the admin kubeconfig's user, as the audit log names it
+
 AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -83,7 +85,7 @@ def pki(d: Path) -> None:
              "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
     _issue(d, "apiserver", "/CN=kube-apiserver",
            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")  # fmt: skip
-    _issue(d, "admin", "/O=system:masters/CN=superkube-admin", "extendedKeyUsage=clientAuth\n")
+    _issue(d, "admin", f"/O=system:masters/CN={ADMIN_USER}", "extendedKeyUsage=clientAuth\n")
     _openssl(d, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key")
     _openssl(d, "pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
 
