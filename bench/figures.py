@@ -195,21 +195,41 @@ def _agents_rows() -> list[tuple[str, str, str]]:
     sizes = scale["sizes"]
     top = sizes[-1]
     n = f"{top['nodes']:,}"
-    curve = " / ".join(f"{row['controller_peak_rss_mib']:.0f}" for row in sizes)
     counts = " / ".join(f"{row['nodes']:,}" for row in sizes)
+
+    def curve(kind: str) -> str:
+        return " / ".join(f"{row['peak_rss_mib'][kind]:.0f}" for row in sizes)
+
+    burst = top["burst_requests"]
     return [
         (
-            f"health controller's peak RSS at {counts} kwok GPU Nodes "
-            f"(~{scale['node_json_bytes'] / 1000:.0f} KB each, + {scale['cpu_nodes']} CPU nodes)",
-            f"{curve} MiB (limit 512 MiB)",
+            f"peak RSS at {counts} kwok GPU Nodes (~{scale['node_json_bytes'] / 1000:.0f} KB each, "
+            f"+ {scale['cpu_nodes']} CPU nodes): the health controller; the team reconciler; a health agent",
+            f"{curve('controller')} MiB (limit 512 MiB); {curve('team_reconciler')} MiB (limit 256 MiB); "
+            f"{curve('health_agent_max')} MiB (limit 256 MiB)",
             "agents_at_scale.json",
         ),
         (
-            f"at {n} nodes: the controller's requests a minute at steady state; in a {scale['fault_share']:.0%} "
-            "fault burst (all requests)",
-            f"{top['controller_steady_requests_per_min']:.0f}; {top['controller_burst_requests']:,} for "
-            f"{top['reports']} reports, {top['cordoned']} cordons (breaker allows {top['breaker_allowed']}), "
-            f"{top['evicted']} evictions",
+            f"at {n} nodes, steady state: requests a minute of the controller, the team reconciler, a health agent",
+            " / ".join(
+                f"{top['steady_requests_per_min'][k]:.0f}"
+                for k in ("controller", "team_reconciler", "health_agent_max")
+            ),
+            "agents_at_scale.json",
+        ),
+        (
+            f"at {n} nodes, {top['reports']} nodes ({scale['fault_share']:.0%} and 3 more) fail at once: requests "
+            "of the controller, the reconciler, a failing node's agent, a healthy node's agent",
+            f"{burst['controller']:,} / {burst['team_reconciler']} / {burst['health_agent_on_a_failing_node_max']} / "
+            f"{burst['health_agent_on_a_healthy_node_max']}: {top['cordoned']} cordons (breaker allows "
+            f"{top['breaker_allowed']}), {top['evicted']} evictions",
+            "agents_at_scale.json",
+        ),
+        (
+            f"every agent of the fleet in that burst (controller, reconciler, {top['nodes']:,} health agents); "
+            f"per failed node, at {counts}",
+            f"{top['burst_all_agents_requests']:,} requests in {top['burst_window_s']:.0f} s; "
+            + " / ".join(f"{row['burst_requests_per_failure']:.1f}" for row in sizes),
             "agents_at_scale.json",
         ),
         (
@@ -217,12 +237,6 @@ def _agents_rows() -> list[tuple[str, str, str]]:
             "cordon, and to the last evicted pod gone",
             f"{top['one_report_to_cordon_s']:.1f} s; {top['report_to_last_cordon_s']:.1f} s, "
             f"{top['report_to_last_pod_gone_s']:.1f} s",
-            "agents_at_scale.json",
-        ),
-        (
-            f"at {n} nodes: one health agent's peak RSS and requests a minute; the team reconciler's",
-            f"{top['agent_peak_rss_mib']:.0f} MiB, {top['agent_requests_per_min']:.0f}; "
-            f"{top['team_reconciler_peak_rss_mib']:.0f} MiB, {top['team_reconciler_requests_per_min']:.0f}",
             "agents_at_scale.json",
         ),
         (

@@ -1,7 +1,7 @@
 """What dcgm-exporter adds to a reading: the Xid a GPU last reported (NVML keeps none) and its error
 counters, from recorded scrapes in the exporter's own format; an exporter that cannot be read costs
-a log line, never the health check; and the health agent, as a process, cordons on an Xid only the
-exporter saw."""
+a log line, never the health check; and the health agent, as a process against the real API server,
+reports an Xid only the exporter saw."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from typer.testing import CliRunner
 
 from superkube.agents import gpu_probe
 from superkube.agents import node_health as nh
+from superkube.agents.kubeapi import Kube
 from superkube.cli import app
-from tests.agents.loopback import Api
-from tests.agents.test_node_health import PODS, POOL, free_port, run_agent
+from superkube.lab.apiserver import LocalApi
+from superkube.model.spec import POOL_LABEL
+from tests.agents.conftest import make_node, unique
+from tests.agents.test_node_health import free_port, run_agent, verdict_of
 
 READINGS = Path(__file__).parent / "readings"
 HEALTHY = READINGS / "healthy.json"
@@ -124,35 +127,40 @@ def exporter() -> Iterator[tuple[str, list[str]]]:
     server.server_close()
 
 
-@pytest.fixture
-def api() -> Iterator[Api]:
-    a = Api(POOL, PODS, refuse=set())
-    yield a
-    a.closed.set()
-    a.server.shutdown()
-    a.server.server_close()
-
-
 def finish(proc: subprocess.Popen[str]) -> str:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     return err
 
 
+def on_server(api: LocalApi, node: str) -> str:
+    """The verdict the API server holds for `node`."""
+    return str(
+        Kube(str(api.kubeconfig)).node(node)["metadata"].get("annotations", {}).get(nh.VERDICT_ANNOTATION, "")
+    )
+
+
 def test_the_agent_reports_an_xid_only_the_exporter_saw(
-    api: Api, exporter: tuple[str, list[str]], tmp_path: Path
+    api: LocalApi, exporter: tuple[str, list[str]], tmp_path: Path
 ) -> None:
     url, served = exporter
     served[0] = (READINGS / "dcgm-xid-79-gpu3.prom").read_text()
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), HEALTHY, "--dcgm-url", url)
+    node = unique("dcgm")
+    make_node(api, node, {POOL_LABEL: "gpu"})
+    proc, _ = run_agent(api.kubeconfig, HEALTHY, "--dcgm-url", url, node_name=node)
     finish(proc)
-    (report,) = [w for w in api.writes if w[0] == "PATCH" and w[1].endswith("/nodes/gpu-1")]
-    assert report[3]["metadata"]["annotations"][nh.VERDICT_ANNOTATION].startswith("fatal: GPU 3: Xid 79")
+    assert on_server(api, node).startswith("fatal: GPU 3: Xid 79")
 
 
-def test_an_exporter_that_cannot_be_read_costs_a_log_line_not_the_check(api: Api, tmp_path: Path) -> None:
+def test_an_exporter_that_cannot_be_read_costs_a_log_line_not_the_check(
+    api: LocalApi, tmp_path: Path
+) -> None:
     dead = f"http://127.0.0.1:{free_port()}/metrics"
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "kubeconfig"), "xid-79-off-the-bus", "--dcgm-url", dead)
+    node = unique("dcgm")
+    make_node(api, node, {POOL_LABEL: "gpu"})
+    proc, _ = run_agent(api.kubeconfig, "xid-79-off-the-bus", "--dcgm-url", dead, node_name=node)
     err = finish(proc)
     assert "dcgm-exporter not read" in err
-    assert any(w[0] == "PATCH" for w in api.writes)  # NVML's own finding is still reported
+    assert on_server(api, node) == nh.note(
+        verdict_of("xid-79-off-the-bus", node)
+    )  # NVML's finding still reported

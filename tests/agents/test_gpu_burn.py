@@ -24,11 +24,15 @@ from superkube.agents import node_health as nh
 from superkube.agents import preflight as pf
 from superkube.cli import app
 from superkube.cluster import render
+from superkube.lab.apiserver import LocalApi
 from superkube.model import vmsizes
-from tests.agents.loopback import Api
-from tests.agents.test_node_health import PODS, READINGS, node, run_agent
+from superkube.model.spec import POOL_LABEL
+from tests.agents.conftest import admin, identity, make_node, namespace, unique
+from tests.agents.conftest import apply as apply_objects
+from tests.agents.test_node_health import READINGS, node, run_agent
 from tests.agents.test_preflight import admits as preflight_admits
 from tests.agents.test_preflight import apply
+from tests.agents.test_real_api import refusal
 
 VERSION = "1.35.0"
 SA = "system:serviceaccount:superkube-system:superkube-gpu-test"
@@ -197,10 +201,34 @@ def test_the_fence_rejects_anything_else(change: Any, on: str, message: str) -> 
 # --- the periodic test as a process, and the health agent acting on its result ------------------------
 
 
-def run_test(api: Api, tmp_path: Path, reading: str, *extra: str) -> tuple[int, str]:
-    proc, _ = run_agent(api.kubeconfig(tmp_path / "k"), reading, *extra, module="superkube.agents.gpu_test")
+@pytest.fixture(scope="module")
+def gpu_test_fenced(api: LocalApi) -> LocalApi:
+    """The periodic test's service account, role and admission policy, as the layer renders them."""
+    from modules.platform.foundation import NAMESPACE
+
+    core = admin(api)
+    if NAMESPACE not in {n.metadata.name for n in core.list_namespace().items}:
+        namespace(api, NAMESPACE)
+    from modules.platform import objects
+
+    access = objects.service_account_access(
+        component.GPU_TEST, component.COMPONENT, NAMESPACE, component.GPU_TEST_RULES
+    )
+    apply_objects(api, *access, *component.fence("gpu-test"))
+    return api
+
+
+def run_test(kubeconfig: Path, node_name: str, reading: str, *extra: str) -> tuple[int, str]:
+    proc, _ = run_agent(kubeconfig, reading, *extra, module="superkube.agents.gpu_test", node_name=node_name)
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
+
+
+def as_gpu_test(api: LocalApi, node_name: str) -> Path:
+    """The periodic test's credentials as its pod on `node_name` holds them."""
+    from modules.platform.foundation import NAMESPACE
+
+    return identity(api, NAMESPACE, gpu_test.COMPONENT, node_name)
 
 
 @pytest.mark.parametrize(
@@ -211,42 +239,61 @@ def run_test(api: Api, tmp_path: Path, reading: str, *extra: str) -> tuple[int, 
     ],
 )
 def test_the_test_records_its_result_on_its_own_node(
-    tmp_path: Path, reading: str, code: int, event: tuple[str, str], says: str
+    gpu_test_fenced: LocalApi, reading: str, code: int, event: tuple[str, str], says: str
 ) -> None:
-    api = Api([node("gpu-1"), node("gpu-2")], PODS, set())
-    try:
-        returncode, err = run_test(api, tmp_path, reading)
-    finally:
-        api.server.shutdown()
-        api.server.server_close()
+    """As its own service account, through its admission policy, on the real server: the result on
+    its own node (and nothing else of it changed), an Event that says so; another node refused."""
+    api = gpu_test_fenced
+    mine, other = unique("gputest"), unique("gputest")
+    before = make_node(api, mine, {POOL_LABEL: "gpu"})
+    make_node(api, other, {POOL_LABEL: "gpu"})
+    kubeconfig = as_gpu_test(api, mine)
+    returncode, err = run_test(kubeconfig, mine, reading)
     assert returncode == code, err
-    ((method, path, ctype, ops),) = [w for w in api.writes if w[0] == "PATCH"]
-    assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/gpu-1", "application/json-patch+json")
-    after = apply(node("gpu-1"), ops)
+    core = admin(api)
+    after = core.api_client.sanitize_for_serialization(core.read_node(mine))
     assert after["metadata"]["annotations"][gpu_test.RESULT_ANNOTATION].startswith(says)
-    assert admits(node("gpu-1"), after) == []
-    (ev,) = [w[3] for w in api.writes if w[1].endswith("/events")]
-    assert (ev["type"], ev["reason"]) == event and render.validate(ev, VERSION) == []
+    assert {k: v for k, v in after["metadata"]["annotations"].items() if k != gpu_test.RESULT_ANNOTATION} == (
+        before["metadata"].get("annotations") or {}
+    )
+    assert after["spec"] == before["spec"] and after["metadata"]["labels"] == before["metadata"]["labels"]
+    (ev,) = core.list_namespaced_event("default", field_selector=f"involvedObject.name={mine}").items
+    assert (ev.type, ev.reason) == event
     if code:
-        assert "GPU 5: bf16 matrix multiply 512.3 TFLOP/s" in ev["message"]
+        assert "GPU 5: bf16 matrix multiply 512.3 TFLOP/s" in ev.message
+    other_node = core.api_client.sanitize_for_serialization(core.read_node(other))
+    theirs = client_of(kubeconfig)
+    assert "may change only the node its pod runs on" in refusal(
+        lambda: theirs.patch_node(other, gpu_test.result_patch(other_node, "passed"))
+    )
 
 
-def test_a_dry_run_records_nothing(tmp_path: Path) -> None:
-    api = Api([node("gpu-1")], PODS, set())
-    try:
-        returncode, err = run_test(api, tmp_path, "burn-slow-gpu5", "--dry-run")
-    finally:
-        api.server.shutdown()
-        api.server.server_close()
-    assert returncode == 1 and api.writes == []
-    assert "dry-run: would record on gpu-1: failed" in err
+def test_a_dry_run_records_nothing(gpu_test_fenced: LocalApi) -> None:
+    api = gpu_test_fenced
+    mine = unique("gputest")
+    make_node(api, mine, {POOL_LABEL: "gpu"})
+    kubeconfig = as_gpu_test(api, mine)
+    user = f"system:serviceaccount:superkube-system:{gpu_test.COMPONENT}"
+    seen = len(api.requests(user))
+    returncode, err = run_test(kubeconfig, mine, "burn-slow-gpu5", "--dry-run")
+    assert returncode == 1 and "dry-run: would record on " + mine + ": failed" in err, err
+    assert {r["verb"] for r in api.requests(user)[seen:]} <= {"get", "list", "watch"}
+    assert gpu_test.RESULT_ANNOTATION not in (admin(api).read_node(mine).metadata.annotations or {})
 
 
-def test_without_an_api_server_the_result_is_said_and_the_exit_is_3(tmp_path: Path) -> None:
-    gone = Api([node("gpu-1")], PODS, set())
-    gone.server.shutdown()
-    gone.server.server_close()
-    returncode, err = run_test(gone, tmp_path, "burn-healthy", "--max-backoff", "0.05")
+def client_of(kubeconfig: Path) -> Any:
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def test_without_an_api_server_the_result_is_said_and_the_exit_is_3(api: LocalApi, tmp_path: Path) -> None:
+    """The server's address with nothing listening there (the server's CA, a port no one holds)."""
+    from superkube.lab import apiserver
+
+    gone = apiserver.kubeconfig(tmp_path / "k", f"https://127.0.0.1:{apiserver.free_port()}",
+                                api.dir / "pki" / "ca.crt", {"token": "unused"})  # fmt: skip
+    returncode, err = run_test(gone, "gpu-1", "burn-healthy", "--max-backoff", "0.05")
     assert returncode == 3 and "Traceback" not in err
     assert (
         err.strip()
@@ -255,44 +302,32 @@ def test_without_an_api_server_the_result_is_said_and_the_exit_is_3(tmp_path: Pa
     )
 
 
-class OneNode:
-    """The health agent's calls for one healthy-probing node whose periodic test failed."""
-
-    def __init__(self, n: dict[str, Any]) -> None:
-        self.n, self.patches = n, []
-
-    def patch_node(self, name: str, body: Any) -> None:
-        self.patches.append(body)
-
-    def pods_on(self, name: str) -> list[dict[str, Any]]:
-        return []
-
-    def create_event(self, body: Any) -> None:
-        pass
-
-
-def test_a_node_that_failed_its_test_is_reported_fatal_and_the_controller_takes_it_out() -> None:
+def test_a_node_that_failed_its_test_is_reported_fatal_and_the_controller_takes_it_out(api: LocalApi) -> None:
+    """On the real server: the agent reads a failed periodic test off its node and reports fatal; the
+    controller cordons that node from the report; a later passed test is no finding."""
     from superkube.agents import health_controller as hc
+    from superkube.agents.kubeapi import Kube
 
-    n = node("gpu-1")
-    n["metadata"]["annotations"][gpu_test.RESULT_ANNOTATION] = (
-        "failed 2026-11-23T08:00:00Z: fatal: GPU 5: slow"
-    )
-    kube = OneNode(n)
+    name = unique("gputest")
+    make_node(api, name, {POOL_LABEL: "gpu"})
+    kube = Kube(str(api.kubeconfig))
+    failed = "failed 2026-11-23T08:00:00Z: fatal: GPU 5: slow"
+    kube.patch_node(name, {"metadata": {"annotations": {gpu_test.RESULT_ANNOTATION: failed}}})
     healthy = gpu_probe.load_reading(READINGS / "healthy.json")
-    agent = nh.Agent("gpu-1", "gpu", lambda: gpu_probe.verdict(healthy), kube, lambda: n)
+    agent = nh.Agent(name, "gpu", lambda: gpu_probe.verdict(healthy), kube, lambda: kube.node(name))
     reported = agent.round()
     assert reported.startswith("fatal:") and "periodic GPU test failed 2026-11-23T08:00:00Z" in reported
+    assert kube.node(name)["metadata"]["annotations"][nh.VERDICT_ANNOTATION] == reported
     assert agent.metrics.gpu_test_failed.labels("gpu")._value.get() == 1
-    # the controller acts on the report
-    n["metadata"]["annotations"].update(kube.patches[0]["metadata"]["annotations"])
-    pool = {f"gpu-{i}": hc.slim(node(f"gpu-{i}")) for i in range(2, 41)} | {"gpu-1": hc.slim(n)}
+    # the controller acts on the report as the server holds it (39 healthy nodes beside it)
+    pool = {f"gpu-{i}": hc.slim(node(f"gpu-{i}")) for i in range(2, 41)} | {name: hc.slim(kube.node(name))}
     decisions = hc.Controller(kube, lambda: pool, frozenset({"gpu"}), 0.05).round()
-    assert "periodic GPU test failed" in decisions["gpu-1"].cordon
-    assert kube.patches[-1]["spec"] == {"unschedulable": True}
+    assert "periodic GPU test failed" in decisions[name].cordon
+    assert kube.node(name)["spec"].get("unschedulable") is True
     # a passed test is no finding
-    n["metadata"]["annotations"][gpu_test.RESULT_ANNOTATION] = "passed 2026-11-23T14:00:00Z"
-    again = nh.Agent("gpu-1", "gpu", lambda: gpu_probe.verdict(healthy), OneNode(n), lambda: n)
+    passed = "passed 2026-11-23T14:00:00Z"
+    kube.patch_node(name, {"metadata": {"annotations": {gpu_test.RESULT_ANNOTATION: passed}}})
+    again = nh.Agent(name, "gpu", lambda: gpu_probe.verdict(healthy), kube, lambda: kube.node(name))
     assert again.round() == "healthy"
     assert again.metrics.gpu_test_failed.labels("gpu")._value.get() == 0
 

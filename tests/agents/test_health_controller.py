@@ -4,6 +4,8 @@ server in test_real_api.py."""
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -20,13 +22,40 @@ def reported(name: str, reading: str = "xid-79-off-the-bus") -> dict[str, Any]:
     return hc.slim(n)
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the server applies a merge patch (null removes a key)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def forbidden(message: str) -> ApiException:
+    """A 403 as the API server answers it: a Status body saying why."""
+    e = ApiException(status=403, reason="Forbidden")
+    e.body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                         "reason": "Forbidden", "code": 403})  # fmt: skip
+    return e
+
+
 class Kube:
+    """The controller's calls on canned nodes: patches applied as the server applies them, evictions
+    named in `refuse` answered with the server's 403 (an admission policy's refusal)."""
+
     def __init__(self, pods: dict[str, list[dict[str, Any]]], refuse: frozenset[str] = frozenset()) -> None:
         self.pods, self.refuse = pods, refuse
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.patched: list[str] = []
         self.evicted: list[str] = []
 
     def patch_node(self, name: str, body: Any) -> None:
+        assert isinstance(body, dict), "the controller sends merge patches"
+        self.nodes[name] = merge_patch(self.nodes.get(name, node(name)), body)
         self.patched.append(name)
 
     def pods_on(self, name: str) -> list[dict[str, Any]]:
@@ -34,7 +63,7 @@ class Kube:
 
     def evict(self, ref: kubeapi.PodRef) -> bool:
         if ref.name in self.refuse:
-            raise ApiException(status=403, reason="Forbidden")
+            raise forbidden(f'pods "{ref.name}" is forbidden: ValidatingAdmissionPolicy denied request')
         self.evicted.append(ref.name)
         return True
 
@@ -57,6 +86,7 @@ def test_a_refused_eviction_leaves_the_node_draining_and_the_round_goes_on() -> 
     ctl = hc.Controller(kube, lambda: nodes, frozenset({"gpu"}), 0.05)
     decisions = ctl.round()
     assert kube.patched == ["gpu-01", "gpu-02"]  # the refusal on gpu-01 did not stop gpu-02
+    assert all(kube.nodes[n]["spec"]["unschedulable"] is True for n in kube.patched)
     assert kube.evicted == ["trainer-0", "trainer-1"]
     assert ctl.draining == {"gpu-01"} and decisions["gpu-01"].cordon
 

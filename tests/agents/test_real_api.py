@@ -5,10 +5,12 @@ what the health agent's breaker finds on real Node objects."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,16 +65,34 @@ def test_the_team_taint_reaches_a_node_that_has_no_taints(api: LocalApi, teams_f
     make_node(api, name, {"rack": "r7"})
     kube = Kube(str(api.kubeconfig))
     assert "taints" not in kube.node(name)["spec"]
-    changes = team_taints.Reconciler(teams_file, kube).round()
+    changes = reconcile(teams_file, kube)
     assert changes.get("add", 0) >= 1
     assert kube.node(name)["spec"]["taints"] == [teams.taint("research")]
-    assert team_taints.Reconciler(teams_file, kube).round() == {}  # right now: nothing more to write
+    assert reconcile(teams_file, kube) == {}  # right now: nothing more to write
+
+
+@contextlib.contextmanager
+def watched(kube: Kube) -> Iterator[team_taints.WatchedNodes]:
+    """The client with the node list from a watch, as the reconciler's process has it."""
+    stop = threading.Event()
+    nodes = team_taints.WatchedNodes(kube, stop)
+    try:
+        yield nodes
+    finally:
+        stop.set()
+        nodes.watch.close()
+
+
+def reconcile(teams_file: Path, kube: Kube) -> dict[str, int]:
+    """One round of a reconciler that has just started (its first list, from its watch)."""
+    with watched(kube) as nodes:
+        return team_taints.Reconciler(teams_file, nodes).round()
 
 
 class StaleReads:
-    """The real client, but the node list is read, then one node changes before the patches go."""
+    """The watched list, but one node changes after it was read and before the patches go."""
 
-    def __init__(self, kube: Kube, api: LocalApi, changed: str) -> None:
+    def __init__(self, kube: team_taints.WatchedNodes, api: LocalApi, changed: str) -> None:
         self.kube, self.api, self.changed = kube, api, changed
 
     def all_nodes(self) -> list[dict[str, Any]]:
@@ -93,8 +113,9 @@ def test_a_node_changed_since_it_was_read_is_refused_and_the_round_goes_on(
     make_node(api, tainted, {"rack": "r7"}, [{"key": "x", "effect": "NoSchedule"}])
     make_node(api, bare, {"rack": "r7"})
     kube = Kube(str(api.kubeconfig))
-    reconciler = team_taints.Reconciler(teams_file, StaleReads(kube, api, changed))
-    reconciler.round()
+    with watched(kube) as nodes:
+        reconciler = team_taints.Reconciler(teams_file, StaleReads(nodes, api, changed))
+        reconciler.round()
     # the change made after the read is kept, not overwritten; the nodes after it were still done
     assert kube.node(changed)["spec"]["taints"] == [
         {"key": "example.com/maintenance", "effect": "NoSchedule"}
@@ -106,7 +127,7 @@ def test_a_node_changed_since_it_was_read_is_refused_and_the_round_goes_on(
     assert kube.node(bare)["spec"]["taints"] == [teams.taint("research")]
     refused = {k: v for k, v in _samples(reconciler.metrics.registry, "superkube_team_taint_refused_total")}
     assert sum(refused.values()) == 1 and set(refused) <= {"409", "422"}, refused
-    team_taints.Reconciler(teams_file, kube).round()  # the next round sets it
+    reconcile(teams_file, kube)  # the next round sets it
     assert teams.taint("research") in kube.node(changed)["spec"]["taints"]
 
 
@@ -445,6 +466,31 @@ def test_a_pods_team_is_its_namespaces(team_webhook_on: LocalApi) -> None:
     assert made.metadata.labels[teams.TEAM_KEY] == "research"
     plain = create_pod(api, nobody)
     assert not any((t.key or "") == teams.TEAM_KEY for t in plain.spec.tolerations or [])
+
+
+def test_a_teams_own_admin_cannot_change_its_namespaces_team(api: LocalApi) -> None:
+    """The team is the namespace's label because a team cannot set it: even Kubernetes' widest
+    namespaced role (`admin`) bound in its namespace may run pods there but not relabel it. The
+    role's rules are the roles it aggregates (no controller-manager aggregates them here)."""
+    import subprocess
+
+    from superkube.lab import apiserver
+
+    ns = namespace(api, unique("research"), {teams.TEAM_KEY: "research"})
+    apply(api, *({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                  "metadata": {"name": f"team-{role}", "namespace": ns},
+                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                              "name": f"system:aggregate-to-{role}"},
+                  "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}
+                 for role in ("admin", "edit", "view")))  # fmt: skip
+    as_alice = ("--as", "alice")
+    assert apiserver.kubectl(api, "auth", "can-i", "create", "pods", "-n", ns, *as_alice).strip() == "yes"
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        apiserver.kubectl(
+            api, "label", "namespace", ns, f"{teams.TEAM_KEY}=pretraining", "--overwrite", *as_alice
+        )
+    assert "Forbidden" in refused.value.stderr or "forbidden" in refused.value.stderr, refused.value.stderr
+    assert admin(api).read_namespace(ns).metadata.labels[teams.TEAM_KEY] == "research"
 
 
 @pytest.mark.parametrize(

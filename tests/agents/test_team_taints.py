@@ -33,7 +33,13 @@ CORDON = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 def node(name: str, labels: dict[str, str], taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     meta = {"name": name, "uid": f"uid-{name}", "labels": {"superkube.io/pool": "gpu", **labels}}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {"taints": taints or []}}
+    # no taints: no taints field, as the server leaves an empty list out
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": meta,
+        "spec": {"taints": taints} if taints else {},
+    }
 
 
 def nodes() -> list[dict[str, Any]]:

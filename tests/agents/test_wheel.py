@@ -10,6 +10,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,16 +19,8 @@ from tests.agents.conftest import make_node, unique
 from tests.conftest import ROOT
 
 READINGS = Path(__file__).parent / "readings"
-# every program the in-cluster layer and the node roles start (python -m superkube.agents.<name>)
-ENTRY_POINTS = (
-    "node_health",
-    "preflight",
-    "gpu_test",
-    "team_taints",
-    "team_webhook",
-    "iptables_exporter",
-    "cni_config",
-)
+# the programs the node roles start on hosts (units, not pods); the in-cluster layer's are read from it
+HOST_PROGRAMS = ("iptables_exporter", "cni_config")
 PLUGINS = ("cni_bandwidth",)  # CNI plugins: asked by the runtime (CNI_COMMAND), not by options
 
 
@@ -53,14 +46,46 @@ def run(python: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]
     return subprocess.run([str(python), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
-def test_the_wheel_carries_the_agents_and_their_data(venv: Path, tmp_path: Path) -> None:
+def layer_programs(plan: Any) -> set[str]:
+    """Every `python -m superkube.agents.<name>` a container of the plan's in-cluster layer runs."""
+    from superkube.plan import layer
+
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            command = node.get("command")
+            if isinstance(command, list) and "-m" in command[:-1]:
+                module = command[command.index("-m") + 1]
+                if module.startswith("superkube.agents."):
+                    found.add(module.removeprefix("superkube.agents."))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(layer.objects(plan))
+    return found
+
+
+def test_the_wheel_carries_the_agents_and_their_data(venv: Path, tmp_path: Path, flagship_plan: Any) -> None:
     where = run(venv, tmp_path, "-c", "import superkube, superkube.model.vmsizes as v; print(v.__file__); "
                 "print(len(v._load()[0]))")  # fmt: skip
     assert where.returncode == 0, where.stderr
     installed, count = where.stdout.split()
     assert str(venv.parents[1]) in installed and str(ROOT) not in installed  # not the checkout's copy
     assert int(count) > 0
-    for name in ENTRY_POINTS:
+    programs = layer_programs(flagship_plan)
+    assert {
+        "node_health",
+        "preflight",
+        "gpu_test",
+        "health_controller",
+        "team_taints",
+        "team_webhook",
+    } <= programs
+    for name in sorted(programs | set(HOST_PROGRAMS)):
         done = run(venv, tmp_path, "-m", f"superkube.agents.{name}", "--help")
         assert done.returncode == 0 and "usage:" in done.stdout, (name, done.stderr)
     for name in PLUGINS:

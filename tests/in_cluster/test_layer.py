@@ -319,6 +319,33 @@ def test_the_agents_image_tag_follows_the_code(tmp_path: Path) -> None:
     assert image_tag(tmp_path / "again") != image_tag(PACKAGE)
 
 
+def test_the_agents_image_tag_follows_the_pins_and_dockerfiles(tmp_path: Path) -> None:
+    """What the images are built from beyond the package is in the tag too: the shipped inputs file
+    matches this checkout (else a pin change would not roll out), and a changed pin changes it."""
+    import shutil
+    import subprocess
+    import sys
+
+    from superkube.agents import CHECKOUT, IMAGE_INPUTS, INPUTS_FILE, PACKAGE, content_digest, image_inputs
+
+    assert INPUTS_FILE.read_text() == image_inputs(), "run: python -m superkube.agents inputs --write"
+    checkout = tmp_path / "checkout"
+    for name in IMAGE_INPUTS:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(CHECKOUT / name, checkout / name)
+    (checkout / "constraints.txt").write_text(
+        (checkout / "constraints.txt").read_text().replace("kubernetes==", "kubernetes==0.0.0.dev0+", 1)
+    )
+    assert image_inputs(checkout) != image_inputs()
+    package = tmp_path / "superkube"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "data" / "image_inputs.txt").write_text(image_inputs(checkout))
+    assert content_digest(package) != content_digest(PACKAGE)
+    done = subprocess.run([sys.executable, "-m", "superkube.agents", "inputs", "--check"],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
 def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     roles = {r["metadata"]["name"]: r for r in of_kind(any_plan, "ClusterRole")}
     granted = {

@@ -149,11 +149,6 @@ class Kube:
     def node(self, name: str) -> dict[str, Any]:
         return self._plain(self.core.read_node(name, _request_timeout=10))
 
-    # a whole list, from the API server's watch cache (resourceVersion "0"); the agents follow nodes
-    # with watches (superkube.agents.informer), this is for one-off reads
-    def all_nodes(self) -> list[dict[str, Any]]:
-        return [self._plain(n) for n in self.core.list_node(resource_version="0", _request_timeout=60).items]
-
     def pods_on(self, node: str) -> list[dict[str, Any]]:
         items = self.core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}", _request_timeout=30
