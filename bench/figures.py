@@ -88,10 +88,14 @@ def summary_table() -> str:
         ("rules `superkube check` evaluates", f"{rule_count()}", "policies/rules"),
         (
             "the flagship's `superkube plan` as a whole process (median)",
-            f"{plan['flagship_cold_cli_s_median']:.2f} s (target < 2 s)",
+            f"{plan['flagship_cold_cli_s_median']:.2f} s (target < 2 s{_missed(plan['flagship_cold_cli_s_median'], 2)})",
             "plan.json",
         ),
-        ("`superkube --help` (median)", f"{plan['help_s_median']:.2f} s (target < 0.5 s)", "plan.json"),
+        (
+            "`superkube --help` (median)",
+            f"{plan['help_s_median']:.2f} s (target < 0.5 s{_missed(plan['help_s_median'], 0.5)})",
+            "plan.json",
+        ),
         (
             "resources in the flagship's plan",
             f"{plan['rows'][-1]['resources']:,} ({plan['rows'][0]['resources']:,} at 75 GPU nodes)",
@@ -187,6 +191,10 @@ def _real_nodes_rows() -> list[tuple[str, str, str]]:
             "real_nodes.json",
         ),
     ]
+
+
+def _missed(value: float, target: float) -> str:
+    return "" if value < target else ": missed"
 
 
 def _agents_rows() -> list[tuple[str, str, str]]:

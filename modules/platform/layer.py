@@ -21,6 +21,7 @@ from modules.platform.foundation import Foundation, FoundationArgs
 from modules.platform.gang import GangScheduling, GangSchedulingArgs
 from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
+from modules.platform.serving_certs import ServingCerts, ServingCertsArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
@@ -47,7 +48,7 @@ class InClusterLayerArgs:
 
 class InClusterLayer(pulumi.ComponentResource):
     """Provider, foundation (namespace, PriorityClasses), autoscaler, join flow control, balloons,
-    the node agents, and the monitoring hosts' access."""
+    the node agents, the monitoring hosts' access, and the kubelets' serving-certificate approver."""
 
     def __init__(
         self, name: str, args: InClusterLayerArgs, opts: pulumi.ResourceOptions | None = None
@@ -90,6 +91,7 @@ class InClusterLayer(pulumi.ComponentResource):
         self.monitoring_access = MonitoringAccess(
             f"{name}-monitoring-access", MonitoringAccessArgs(), opts=after
         )
+        self.serving_certs = ServingCerts(f"{name}-serving-certs", ServingCertsArgs(), opts=after)
         self.gang = GangScheduling(
             f"{name}-gang", GangSchedulingArgs(kubernetes_version=spec.kubernetes_version), opts=after
         )
@@ -100,7 +102,15 @@ class InClusterLayer(pulumi.ComponentResource):
                 TeamCapacityArgs(tuples=spec.teams, webhook_tls=args.team_webhook_tls),
                 opts=after,
             )
-        components = ["foundation", "flowcontrol", "balloons", "node-health", "monitoring-access", "gang"]
+        components = [
+            "foundation",
+            "flowcontrol",
+            "balloons",
+            "node-health",
+            "monitoring-access",
+            "serving-certs",
+        ]
+        components += ["gang"]
         components += (["autoscaler"] if self.autoscaler else []) + (
             ["team-capacity"] if self.team_capacity else []
         )

@@ -25,6 +25,7 @@ from superkube.cluster.kube import (
     METRICS_STORE,
     MONITORING,
     NAT_HOST,
+    SERVING_CERTS_MODULE,
 )
 from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
@@ -351,6 +352,38 @@ def _lab_only(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
 
 
 @_rendering
+def _kubelet_serving(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
+    """API servers that verify kubelets against the cluster CA need kubelets serving a certificate it
+    signed (asked for with serverTLSBootstrap) and an approver for those requests in the layer."""
+    for apiserver in r.of(APISERVERS)[:1]:
+        if not r.var("kube_apiserver", apiserver, "kube_apiserver_all_flags").get(
+            "kubelet-certificate-authority"
+        ):
+            return
+        for host in r.of(GPU_NODES)[:1] + r.of(CPU_NODES)[:1]:
+            if r.var("kubelet", host, "kubelet_all_config").get("serverTLSBootstrap") is not True:
+                yield Finding(
+                    f"the API servers verify kubelets against the cluster CA, but the kubelets of {host.group} "
+                    "serve a self-signed certificate (serverTLSBootstrap is not true): logs, exec and "
+                    "port-forward fail there",
+                    _vmss(view, host).urn,
+                )
+        approvers = [
+            d for d in view.of_type("kubernetes:apps/v1:Deployment")
+            if (d.props.get("spec") or {}).get("replicas", 1) != 0
+            and any(SERVING_CERTS_MODULE in (c.get("command") or [])
+                    for c in (((d.props.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [])
+        ]  # fmt: skip
+        in_cluster = any(x.type.startswith("kubernetes:") for x in view.resources)
+        if in_cluster and not approvers:  # a stack without the in-cluster layer deploys it elsewhere
+            yield Finding(
+                f"no Deployment in the in-cluster layer runs {SERVING_CERTS_MODULE}: the kubelets' serving-certificate "
+                "requests would wait unapproved, and the API servers reach no kubelet",
+                apiserver.urn,
+            )
+
+
+@_rendering
 def _cluster_name(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Finding]:
     want = config.cluster
     for host in r.of(APISERVERS)[:1]:
@@ -443,6 +476,15 @@ RULES = [
         "Drop failCgroupV1 from kubelet_extra_config and the node_software_restrict_oom_score_adj and "
         "node_software_no_new_keyring variables; node images run cgroup v2 on VMs.",
         _lab_only,
+    ),
+    Rule(
+        "wiring-kubelet-serving-certificates",
+        "high",
+        "When the API servers verify kubelets against the cluster CA, every node group's kubelets ask "
+        "for a serving certificate it signs (serverTLSBootstrap) and the layer runs their approver.",
+        "Keep serverTLSBootstrap: true in the kubelet role (not overridden in kubelet_extra_config) and the "
+        "serving-certs component in the in-cluster layer.",
+        _kubelet_serving,
     ),
     Rule(
         "wiring-cluster-name",

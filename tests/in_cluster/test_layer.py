@@ -54,6 +54,7 @@ def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
         "balloons",
         "node-health",
         "monitoring-access",
+        "serving-certs",
         "gang-scheduling",
         "team-capacity",
     }
@@ -344,6 +345,24 @@ def test_the_agents_image_tag_follows_the_pins_and_dockerfiles(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-m", "superkube.agents", "inputs", "--check"],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_the_serving_approver_may_approve_for_one_signer_only(any_plan: Plan) -> None:
+    """The approver's role approves for the kubelet-serving signer alone, and two replicas run (that
+    kubelets ask for serving certificates is rule wiring-kubelet-serving-certificates)."""
+    from superkube.agents.serving_certs import SIGNER
+
+    (role,) = [
+        r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == "superkube-serving-certs"
+    ]
+    approve = [rule for rule in role["rules"] if "approve" in rule["verbs"]]
+    assert approve == [{"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": [SIGNER],
+                        "verbs": ["approve"]}]  # fmt: skip
+    assert not any("delete" in rule["verbs"] or "*" in rule["verbs"] for rule in role["rules"])
+    (deployment,) = [
+        d for d in of_kind(any_plan, "Deployment") if d["metadata"]["name"] == "superkube-serving-certs"
+    ]
+    assert deployment["spec"]["replicas"] >= 2
 
 
 def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from modules.platform import serving_certs
+
 Doc = dict[str, Any]
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
@@ -381,6 +383,15 @@ def move_a_store_host(doc: Doc) -> None:
         n for n in of(doc, NIC) if n["inputs"].get("networkInterfaceName", "").startswith("nic-metrics-")
     ][:1]
     nic["inputs"]["ipConfigurations"][0]["privateIPAddress"] = "10.65.16.77"
+
+
+def drop_the_serving_approver(doc: Doc) -> None:
+    """The in-cluster layer without the kubelets' serving-certificate approver."""
+    doc["resources"] = [
+        r for r in doc["resources"]
+        if not (r["type"] == "kubernetes:apps/v1:Deployment"
+                and r["inputs"]["metadata"]["name"] == serving_certs.NAME)
+    ]  # fmt: skip
 
 
 # rule -> the single change that must make it fire

@@ -194,6 +194,20 @@ CASES: list[
         {"kube_proxy_extra_config": {"conntrack": {"maxPerCore": 0}}},
         "wiring-lab-only",
     ),
+    (
+        "group var: kubelets serving a self-signed certificate",
+        None,
+        None,
+        {"kubelet_extra_config": {"serverTLSBootstrap": False}},
+        "wiring-kubelet-serving-certificates",
+    ),
+    (
+        "plan: no serving-certificate approver",
+        m.drop_the_serving_approver,
+        None,
+        {},
+        "wiring-kubelet-serving-certificates",
+    ),
     ("plan: scale set's cluster tag", m.scale_set_of_another_cluster, None, {}, "wiring-cluster-name"),
     (
         "group var: controller-manager cluster name",

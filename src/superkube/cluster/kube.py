@@ -39,6 +39,10 @@ NODE_AGENTS_METRICS_PORT = 9465
 PROMETHEUS_PKI_DIR = "/etc/prometheus/pki"
 PREFLIGHT_METRICS_PORT = 9466  # the preflight agent, beside the health agent on the same host network
 TEAM_TAINTS_METRICS_PORT = 9467  # the team-taints reconciler (a Deployment, on the pod network)
+# the kubelet serving-certificate approver (a Deployment, on the pod network): its port, its module
+SERVING_CERTS_METRICS_PORT = 9468
+SERVING_CERTS_MODULE = "superkube.agents.serving_certs"
+KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving"  # the signer of kubelets' serving certificates
 TEAM_WEBHOOK_PORT = 8443  # the team admission webhook's HTTPS port in its pod (Service port 443)
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server

@@ -91,6 +91,17 @@ def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[-1].strip() if lines else f"exit {proc.returncode}, no output"
 
 
+def _stood_in(obj: dict[str, Any]) -> bool:
+    """An object the lab runs another way and so leaves out: the serving-certificate approver's
+    Deployment, whose program `lab join` runs from this machine (`nodes.approve_serving`). Its pods
+    would wait for an image no lab node has, and, at system-cluster-critical on the lab's one CPU
+    node, preempt the pods the tests place there."""
+    from modules.platform import serving_certs
+
+    meta = obj.get("metadata") or {}
+    return obj.get("kind") == "Deployment" and meta.get("name") == serving_certs.NAME
+
+
 def apply(
     lab: Lab, progress: Callable[[str], None], project: Path | None = None, stack: str = LAB_STACK
 ) -> list[Applied]:
@@ -103,7 +114,8 @@ def apply(
     progress(f"planning stack {stack}")
     plan = planning.run(project or planning.find_project(), stack, secrets={teams.WEBHOOK_TLS_KEY: bundle})
     by_component = {
-        c: [_with_secret_data(o, bundle) for o in objs] for c, objs in layer.objects(plan).items()
+        c: [_with_secret_data(o, bundle) for o in objs if not _stood_in(o)]
+        for c, objs in layer.objects(plan).items()
     }
     if not by_component:
         raise LabError(f"stack {stack} has no in-cluster layer (superkube:in_cluster_layer is false)")

@@ -4,19 +4,27 @@ controller-manager, and registers its Node.
 
 `lab up` writes cloud-init's files on every node host but leaves its runcmd (enabling the join path
 unit) undone: most lab shapes have no API server to join. `join` does what that runcmd does, after
-converge has written the bootstrap kubeconfig, and waits for each Node to be Ready.
+converge has written the bootstrap kubeconfig, and waits for each Node to be Ready. Then it has each
+node's serving certificate approved (`approve_serving`), so the API servers can reach the kubelets.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+from cryptography import x509
+
+from superkube.agents import serving_certs
 from superkube.cluster import cloudinit
+from superkube.cluster.kube import SERVING_CERTS_MODULE
 from superkube.lab import layer
 from superkube.lab.errors import LabError
 from superkube.lab.hosts import Lab, run_on, ssh
@@ -105,7 +113,77 @@ def join(
             raise LabError(f"{name}: Ready, but systemd has no start time for its kubelet ({started!r})")
         # the hosts share this machine's kernel, so their monotonic clock is this process's
         joined.append(Joined(name, round(seen[name] - int(started) / 1e6, 2)))
+    approve_serving(lab, wanted, progress=progress)
     return joined
+
+
+def served(lab: Lab, min_left_s: float = 60) -> dict[str, str]:
+    """Each node's newest kubelet-serving request: 'issued', 'expiring' (signed, with less than
+    `min_left_s` left: the kubelet's renewal comes before that), 'denied: <why>' or 'pending'."""
+    proc = subprocess.run([*layer.kubectl(lab), "get", "csr", "-o", "json"], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    if proc.returncode != 0:
+        return {}
+    newest: dict[str, tuple[str, str]] = {}
+    for csr in json.loads(proc.stdout)["items"]:
+        node = serving_certs.node_of(csr)
+        if not node or csr["spec"].get("signerName") != serving_certs.SIGNER:
+            continue
+        status = csr.get("status") or {}
+        denied = [c for c in status.get("conditions") or [] if c.get("type") == "Denied"]
+        state = f"denied: {denied[0].get('message')}" if denied else "pending"
+        if status.get("certificate"):
+            certificate = x509.load_pem_x509_certificate(base64.b64decode(status["certificate"]))
+            left = (certificate.not_valid_after_utc - datetime.now(UTC)).total_seconds()
+            state = "issued" if left >= min_left_s else "expiring"
+        made = csr["metadata"]["creationTimestamp"]
+        if node not in newest or made >= newest[node][0]:
+            newest[node] = (made, state)
+    return {node: state for node, (_, state) in newest.items()}
+
+
+def approve_serving(
+    lab: Lab,
+    names: Iterable[str] = (),
+    timeout_s: float = 90,
+    progress: Callable[[str], None] = lambda what: None,
+) -> dict[str, str]:
+    """Run the serving-certificate approver (superkube.agents.serving_certs, the program the in-cluster
+    layer's Deployment runs) from this machine, as the lab's admin, until each named node's newest
+    kubelet-serving certificate is signed with a minute or more left. The lab's stand-in for that
+    Deployment: no agent runs as a pod on the lab yet. The lab's certificates last minutes
+    (`cluster-signing-duration`) and nothing approves a renewal between calls, so call this again
+    right before anything that reaches a kubelet through the API server."""
+    wanted = node_hosts(lab, names)
+    log = Path(lab.state_dir) / "serving-certs.log"
+    with log.open("ab") as out:
+        approver = subprocess.Popen(
+            ["ip", "netns", "exec", layer.SWITCH, sys.executable, "-m", SERVING_CERTS_MODULE,
+             "--kubeconfig", str(layer.admin_kubeconfig(lab)), "--interval", "1", "--metrics-port", "0",
+             "--metrics-address", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = served(lab)
+            if all(states.get(n) == "issued" for n in wanted):
+                break
+            denied = {n: s for n, s in states.items() if n in wanted and s.startswith("denied")}
+            if denied or time.monotonic() > deadline or approver.poll() is not None:
+                why = {n: states.get(n, "no request yet") for n in wanted if states.get(n) != "issued"}
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                raise LabError(
+                    "no serving certificate for "
+                    + "; ".join(f"{n} ({w})" for n, w in why.items())
+                    + f" (approver: {tail[0][:200]}; its log: {log})"
+                )
+            time.sleep(0.5)
+    finally:
+        approver.terminate()
+        approver.wait(30)
+    for name in wanted:
+        progress(f"{name}: serving certificate signed")
+    return states
 
 
 def _kubelet_tail(lab: Lab, name: str) -> str:
