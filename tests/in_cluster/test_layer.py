@@ -350,18 +350,15 @@ def test_the_agents_image_tag_follows_the_pins_and_dockerfiles(tmp_path: Path) -
 def test_the_serving_approver_may_approve_for_one_signer_only(any_plan: Plan) -> None:
     """The approver's role approves for the kubelet-serving signer alone, and two replicas run (that
     kubelets ask for serving certificates is rule wiring-kubelet-serving-certificates)."""
+    from modules.platform.serving_certs import NAME
     from superkube.agents.serving_certs import SIGNER
 
-    (role,) = [
-        r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == "superkube-serving-certs"
-    ]
+    (role,) = [r for r in of_kind(any_plan, "ClusterRole") if r["metadata"]["name"] == NAME]
     approve = [rule for rule in role["rules"] if "approve" in rule["verbs"]]
     assert approve == [{"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": [SIGNER],
                         "verbs": ["approve"]}]  # fmt: skip
     assert not any("delete" in rule["verbs"] or "*" in rule["verbs"] for rule in role["rules"])
-    (deployment,) = [
-        d for d in of_kind(any_plan, "Deployment") if d["metadata"]["name"] == "superkube-serving-certs"
-    ]
+    (deployment,) = [d for d in of_kind(any_plan, "Deployment") if d["metadata"]["name"] == NAME]
     assert deployment["spec"]["replicas"] >= 2
 
 

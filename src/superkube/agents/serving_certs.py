@@ -48,9 +48,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from superkube.agents.informer import Informer
 from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, refused, serve, stamp
 from superkube.cluster.kube import KUBELET_SERVING_SIGNER as SIGNER
-from superkube.cluster.kube import SERVING_CERTS_METRICS_PORT
+from superkube.cluster.kube import SERVING_CERTS_METRICS_PORT, SERVING_CERTS_NAME
 
-COMPONENT = "superkube-serving-certs"
+COMPONENT = SERVING_CERTS_NAME
 NODE_USER = "system:node:"
 NODES_GROUP = "system:nodes"
 USAGES = frozenset({"digital signature", "key encipherment", "server auth"})

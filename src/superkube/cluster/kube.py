@@ -42,6 +42,7 @@ TEAM_TAINTS_METRICS_PORT = 9467  # the team-taints reconciler (a Deployment, on 
 # the kubelet serving-certificate approver (a Deployment, on the pod network): its port, its module
 SERVING_CERTS_METRICS_PORT = 9468
 SERVING_CERTS_MODULE = "superkube.agents.serving_certs"
+SERVING_CERTS_NAME = "superkube-serving-certs"  # its account, role and Deployment; its Events' component
 KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving"  # the signer of kubelets' serving certificates
 TEAM_WEBHOOK_PORT = 8443  # the team admission webhook's HTTPS port in its pod (Service port 443)
 CLUSTER_DOMAIN = "cluster.local"
