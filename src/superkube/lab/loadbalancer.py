@@ -126,8 +126,8 @@ def start(state: Path, switch: str, frontend: str, port: int, backends: list[tup
         time.sleep(0.1)
 
 
-def backend_states(state_dir: Path) -> dict[str, str]:
-    """Each API server's state as the load balancer sees it: UP, DOWN, or a transition (`UP 1/2`)."""
+def _servers(state_dir: Path) -> list[dict[str, str]]:
+    """The API servers' rows of HAProxy's statistics, the all-down copies included."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(str(state_dir / SOCKET))
@@ -136,10 +136,21 @@ def backend_states(state_dir: Path) -> dict[str, str]:
         while chunk := s.recv(65536):
             data += chunk
     rows = csv.DictReader(data.decode().lstrip("# ").splitlines())
+    return [r for r in rows if r["pxname"] == BACKEND and r["svname"] not in ("FRONTEND", "BACKEND")]
+
+
+def backend_states(state_dir: Path) -> dict[str, str]:
+    """Each API server's state as the load balancer sees it: UP, DOWN, or a transition (`UP 1/2`)."""
     return {
-        r["svname"]: r["status"]
-        for r in rows
-        if r["pxname"] == BACKEND
-        and r["svname"] not in ("FRONTEND", "BACKEND")
-        and not r["svname"].endswith(ALL_DOWN_SUFFIX)
+        r["svname"]: r["status"] for r in _servers(state_dir) if not r["svname"].endswith(ALL_DOWN_SUFFIX)
     }
+
+
+def flows_sent(state_dir: Path) -> dict[str, int]:
+    """How many client connections the load balancer has sent to each API server since it started,
+    counting those it sent to the server's all-down copy (every attempt, whether or not it connected)."""
+    sent: dict[str, int] = {}
+    for r in _servers(state_dir):
+        name = r["svname"].removesuffix(ALL_DOWN_SUFFIX)
+        sent[name] = sent.get(name, 0) + int(r["stot"] or 0)
+    return sent
