@@ -25,7 +25,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,31 @@ class LocalApi:
         return kubeconfig(self.dir / f"{name}.kubeconfig", self.url, self.dir / "pki" / "ca.crt",
                           {"token": token})  # fmt: skip
 
+    def client_kubeconfig(self, name: str, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig with a client certificate the cluster CA signed for `user` in `groups`."""
+        pk = self.dir / "pki"
+        subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
+        _issue(pk, name, subject, "extendedKeyUsage=clientAuth\n")
+        return kubeconfig(self.dir / f"{name}.kubeconfig", self.url, pk / "ca.crt",
+                          {"client-certificate": str(pk / f"{name}.crt"),
+                           "client-key": str(pk / f"{name}.key")})  # fmt: skip
+
+    def start_controller_manager(self, controllers: Sequence[str], flags: Sequence[str] = ()) -> None:
+        """kube-controller-manager from the same build, running only `controllers`, as the built-in
+        `system:kube-controller-manager` user with each controller as its own service account (as the
+        production role runs it), signing with the local CA: e.g. csrapproving and csrsigning, for
+        kubelets' TLS bootstrap. `flags`: more of its flags, after these."""
+        pk = self.dir / "pki"
+        config = self.client_kubeconfig("controller-manager", "system:kube-controller-manager")
+        binary = self.kubectl.parent / "kube-controller-manager"
+        self.processes.append(_spawn(self.dir, "kube-controller-manager", [
+            str(binary), f"--kubeconfig={config}", "--bind-address=127.0.0.1", "--secure-port=0",
+            "--leader-elect=false", "--use-service-account-credentials=true",
+            f"--controllers={','.join(controllers)}",
+            f"--cluster-signing-cert-file={pk / 'ca.crt'}", f"--cluster-signing-key-file={pk / 'ca.key'}",
+            "--profiling=false", *flags,
+        ]))  # fmt: skip
+
     def requests(self, user: str) -> list[dict[str, Any]]:
         """The audited requests `user` made (each: verb, uri, code), in order. The log is read on from
         where the last call stopped: a benchmark may ask every tenth of a second of a long run."""
@@ -195,8 +220,11 @@ def _wait_ready(api: LocalApi, deadline: float) -> None:
     )
 
 
-def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) -> LocalApi:
-    """Build (or find in the cache) etcd and Kubernetes at the pinned versions, then start them."""
+def start(
+    workdir: Path, progress: Callable[[str], None] = lambda line: None, flags: Sequence[str] = ()
+) -> LocalApi:
+    """Build (or find in the cache) etcd and Kubernetes at the pinned versions, then start them
+    (`flags`: more kube-apiserver flags, after the ones above)."""
     wanted = [c for c in build.components() if c.name in ("etcd", "kubernetes")]
     built = {
         b.component.name: b for b in build.build_all(wanted, lambda label, what: progress(f"{label}: {what}"))
@@ -240,7 +268,7 @@ def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) ->
             "--enable-bootstrap-token-auth=true", "--allow-privileged=true", "--profiling=false",
             "--endpoint-reconciler-type=none",
             f"--audit-policy-file={d / 'audit-policy.yaml'}", f"--audit-log-path={d / 'audit.log'}",
-            "--audit-log-mode=blocking", "--audit-log-format=json",
+            "--audit-log-mode=blocking", "--audit-log-format=json", *flags,
         ]))  # fmt: skip
         _wait_ready(api, time.monotonic() + READY_TIMEOUT_S)
     except BaseException:
@@ -251,8 +279,10 @@ def start(workdir: Path, progress: Callable[[str], None] = lambda line: None) ->
 
 
 @contextlib.contextmanager
-def running(workdir: Path, progress: Callable[[str], None] = lambda line: None) -> Iterator[LocalApi]:
-    api = start(workdir, progress)
+def running(
+    workdir: Path, progress: Callable[[str], None] = lambda line: None, flags: Sequence[str] = ()
+) -> Iterator[LocalApi]:
+    api = start(workdir, progress, flags)
     try:
         yield api
     finally:
