@@ -139,6 +139,7 @@ def summary_table() -> str:
             " / ".join(f"{hook[f'in_flight_{n}']['p99_ms']:.2f}" for n in (1, 4, 32)) + " ms",
             "team_webhook.json",
         ),
+        *_join_flow_rows(),
         *_agents_rows(),
         *_real_nodes_rows(),
         (
@@ -189,6 +190,44 @@ def _real_nodes_rows() -> list[tuple[str, str, str]]:
                 ", ".join(f"{1000 * v:.0f}" for v in real["run_podsandbox_s"]["stock_bridge"]),
             ),
             "real_nodes.json",
+        ),
+    ]
+
+
+def _join_flow_rows() -> list[tuple[str, str, str]]:
+    """A join storm on the real API server, with and without the join level (bench/join_flow.py)."""
+    flow = results("join_flow")
+    rounds = flow["rounds"]
+
+    def storm(name: str, idle: str) -> str:
+        base, hit = rounds[idle]["p99_ms"], rounds[name]["steady"]["p99_ms"]
+        return f"{base:.0f} -> {hit:.0f} ms ({hit / base:.1f}x{_missed(hit / base, 2.0001)})"
+
+    paced = {k: v for k, v in rounds.items() if k.startswith("paced_")}
+    with_level = rounds["storm_join_level"]
+    return [
+        (
+            f"{flow['joins']:,} kubelets' TLS bootstraps (CSR, its watch, Node, Lease), {flow['concurrency']} at "
+            "once, on one lab API server (the role's in-flight limits / "
+            f"{flow['scale']}): a user's p99, idle -> storm, built-in levels only; with superkube-node-join "
+            "(target within 2x)",
+            f"{storm('storm_builtin', 'idle_builtin')}; {storm('storm_join_level', 'idle_join_level')}",
+            "join_flow.json",
+        ),
+        (
+            "that storm with superkube-node-join: joins a second; 429s; a join's p99; the user's errors",
+            f"{with_level['joins_per_s']:.0f}; {with_level['throttled_429']}; {with_level['join_p99_s']:.1f} s; "
+            f"{with_level['steady']['errors']}",
+            "join_flow.json",
+        ),
+        (
+            "joins paced at "
+            + " / ".join(k.removeprefix("paced_").removesuffix("_per_s") for k in paced)
+            + " a second, with superkube-node-join: the user's p99 / idle",
+            " / ".join(
+                f"{r['steady']['p99_ms'] / rounds['idle_join_level']['p99_ms']:.1f}x" for r in paced.values()
+            ),
+            "join_flow.json",
         ),
     ]
 

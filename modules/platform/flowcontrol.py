@@ -7,6 +7,12 @@ built-in `global-default` level beside every user's requests, and the burst comp
 With them, joins get a fixed share of each API server's concurrency and wait in fair queues (one
 flow per node) when more arrive than that share serves; nobody else's requests wait behind them.
 
+What the level bounds is seats and queues, not CPU: most of what a join costs a server is outside
+it (the TLS handshakes, the controller-manager's review, approval and signature in its own level,
+the Lease, watch fan-out), and each governed request holds its seat for milliseconds. An unpaced
+storm still saturates a server; pacing the arrivals (smoothed scale-up) is what keeps everyone
+else's latency, as bench/join_flow.py measures on the real API server.
+
 Only joining traffic is matched. A joined node's status updates and lease renewals stay in the
 built-in `system-node-high` level (precedence 400): throttling those would mark healthy nodes
 NotReady. Our schemas match at a lower precedence number (350) and only on the join's own verbs.
