@@ -636,7 +636,7 @@ def test_an_apiserver_host_lost_keeps_the_address_serving_and_hands_the_leases_o
         # server left stalls (the new controller-manager leader listing everything on two cores);
         # a refused, reset or error answer would be the load balancer's or the server's fault
         assert all("deadline exceeded" in said or "Timeout" in said for _, said in late), late
-        assert len(late) <= len(after) // 10, (late, len(after))
+        assert len(late) <= 2, (late, len(after))  # a stall or two, not a pattern
         states = loadbalancer.backend_states(Path(control_plane.state_dir))
         assert states[leader].startswith("DOWN") and states[other] == "UP", states
         # kubectl through the address works with one API server gone

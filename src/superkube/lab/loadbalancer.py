@@ -148,9 +148,11 @@ def backend_states(state_dir: Path) -> dict[str, str]:
 
 def flows_sent(state_dir: Path) -> dict[str, int]:
     """How many client connections the load balancer has sent to each API server since it started,
-    counting those it sent to the server's all-down copy (every attempt, whether or not it connected)."""
+    counting those it sent to the server's all-down copy. HAProxy counts every connection attempt
+    (`stot`), a retry of a connection that failed to connect included; its retries (`wretr`) are
+    taken off, so a flow is counted once, when it was sent, whether or not it connected."""
     sent: dict[str, int] = {}
     for r in _servers(state_dir):
         name = r["svname"].removesuffix(ALL_DOWN_SUFFIX)
-        sent[name] = sent.get(name, 0) + int(r["stot"] or 0)
+        sent[name] = sent.get(name, 0) + int(r["stot"] or 0) - int(r["wretr"] or 0)
     return sent
