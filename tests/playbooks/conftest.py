@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from superkube.cluster import wiring
+from superkube.plan import checks
 from superkube.plan.engine import Plan
 
 
 @pytest.fixture(scope="module")
 def engine(flagship_plan: Plan) -> wiring.Wiring:
     """The flagship's hosts as the plan records them, over the inventory `superkube inventory` writes."""
-    return wiring.for_plan(flagship_plan)
+    return checks.plan_wiring(flagship_plan)

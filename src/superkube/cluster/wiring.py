@@ -127,19 +127,6 @@ class Wiring:
         return templar_class(loader=loader, variables=variables)
 
 
-def for_plan(plan: Any) -> Wiring:
-    """The hosts of a recorded plan (`superkube.plan.engine.Plan`) over the inventory that
-    `superkube inventory` writes for it, with no group variables of a team's."""
-    from superkube.cluster import inventory
-    from superkube.plan import checks
-
-    view = checks.StackView(
-        checks.PlanResource(r.urn, r.type, r.name, r.inputs, r.parent, tuple(r.dependencies))
-        for r in plan.resources
-    )
-    return Wiring(plan_hosts(view.resources), inventory.azure_rm(plan.spec, plan.addresses))
-
-
 def _plain(value: Any) -> Any:
     """Ansible's tagged values as plain JSON data."""
     return json.loads(json.dumps(value, default=str))

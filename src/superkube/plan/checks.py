@@ -425,3 +425,15 @@ def to_markdown(report: Report) -> str:
         lines += [f"- `{o.rule.name}` is {o.enforcement}: {o.reason}" for o in relaxed]
         lines.append("")
     return "\n".join(lines)
+
+
+def plan_wiring(plan: Any) -> Any:
+    """The hosts of a recorded plan (`superkube.plan.engine.Plan`) over the inventory that
+    `superkube inventory` writes for it, with no group variables of a team's: a
+    `superkube.cluster.wiring.Wiring` that renders the roles as a converge would."""
+    from superkube.cluster import inventory, wiring
+
+    view = StackView(
+        PlanResource(r.urn, r.type, r.name, r.inputs, r.parent, tuple(r.dependencies)) for r in plan.resources
+    )
+    return wiring.Wiring(wiring.plan_hosts(view.resources), inventory.azure_rm(plan.spec, plan.addresses))
