@@ -204,20 +204,28 @@ def _join_flow_rows() -> list[tuple[str, str, str]]:
         return f"{base:.0f} -> {hit:.0f} ms ({hit / base:.1f}x{_missed(hit / base, 2.0001)})"
 
     paced = {k: v for k, v in rounds.items() if k.startswith("paced_")}
-    with_level = rounds["storm_join_level"]
+    with_level, one_seat = rounds["storm_join_level"], rounds["storm_one_seat"]
+    tokens = (
+        "a bootstrap token each" if flow["tokens"] == "per node" else "one bootstrap token, as in production"
+    )
+    apf = with_level["apf"]
+    join_level = apf.get("superkube-node-join", {})
+    dispatched = sum(row["dispatched"] for row in apf.values())
     return [
         (
-            f"{flow['joins']:,} kubelets' TLS bootstraps (CSR, its watch, Node, Lease), {flow['concurrency']} at "
-            "once, on one lab API server (the role's in-flight limits / "
+            f"{flow['joins']:,} kubelets' TLS bootstraps (CSR, its watch, Node, Lease; {tokens}), "
+            f"{flow['concurrency']} at once, on one lab API server core (the role's in-flight limits / "
             f"{flow['scale']}): a user's p99, idle -> storm, built-in levels only; with superkube-node-join "
             "(target within 2x)",
             f"{storm('storm_builtin', 'idle_builtin')}; {storm('storm_join_level', 'idle_join_level')}",
             "join_flow.json",
         ),
         (
-            "that storm with superkube-node-join: joins a second; 429s; a join's p99; the user's errors",
+            "that storm with superkube-node-join: joins a second; 429s; a join's p99; the user's errors; "
+            "requests the join level dispatched, of all the server's, and their mean wait / run",
             f"{with_level['joins_per_s']:.0f}; {with_level['throttled_429']}; {with_level['join_p99_s']:.1f} s; "
-            f"{with_level['steady']['errors']}",
+            f"{with_level['steady']['errors']}; {join_level.get('dispatched', 0):,.0f} of {dispatched:,.0f}, "
+            f"{join_level.get('mean_wait_ms', 0):.0f} / {join_level.get('mean_execution_ms', 0):.0f} ms",
             "join_flow.json",
         ),
         (
@@ -227,6 +235,13 @@ def _join_flow_rows() -> list[tuple[str, str, str]]:
             " / ".join(
                 f"{r['steady']['p99_ms'] / rounds['idle_join_level']['p99_ms']:.1f}x" for r in paced.values()
             ),
+            "join_flow.json",
+        ),
+        (
+            f"the storm again, the join level cut to one seat and {flow['one_seat_level']['queues']} queues of "
+            f"{flow['one_seat_level']['queue_length_limit']}: the user's p99; joins a second; 429s; failed joins",
+            f"{storm('storm_one_seat', 'idle_one_seat')}; {one_seat['joins_per_s']:.0f}; "
+            f"{one_seat['throttled_429']:,}; {one_seat['failed']}",
             "join_flow.json",
         ),
     ]

@@ -1,15 +1,17 @@
 """A join storm against the real API server, with and without the superkube-node-join priority level.
 
 Run: .venv/bin/python bench/join_flow.py [--joins 2000] [--concurrency 200] [--scale 32]
-     (about 10 minutes; prints a table; writes bench/results/join_flow.json)
+     (about 12 minutes; prints a table; writes bench/results/join_flow.json)
 
 What runs: the pinned etcd and kube-apiserver (`superkube.lab.apiserver`), with the production role's
 authentication, authorization and admission, and kube-controller-manager from the same build running
-its csrapproving and csrsigning controllers, each as its own service account. The kube_apiserver role's
-bootstrap objects (its bootstrap.yaml.j2 as a converge renders it over the flagship's plan) give every
-joining identity its own real bootstrap token, the node-bootstrapper role and auto-approval.
+its csrapproving and csrsigning controllers, each as its own service account, at the role's client
+rate. The kube_apiserver role's bootstrap objects (its bootstrap.yaml.j2 as a converge renders it
+over the flagship's plan) give the joining nodes their bootstrap token, the node-bootstrapper role
+and auto-approval. As in production, every node joins with the one token (so every bootstrap
+request is one user, one APF flow); `--per-node-tokens` gives each node its own.
 
-A join (`superkube.lab.joins`) is what a kubelet sends on first start: as its token it creates a CSR
+A join (`superkube.lab.joins`) is what a kubelet sends on first start: as the token it creates a CSR
 and watches it until it is approved and signed; then, as `system:node:<name>` with the issued
 certificate, it creates its Node and its Lease. A request answered 429 is retried after Retry-After
 and counted. `--concurrency` joins run at once until all `--joins` have run.
@@ -20,21 +22,28 @@ of its namespace and writes a ConfigMap there, back to back, from its own proces
 
 Rounds, in one run: idle (the steady client alone) -> storm with the built-in levels only -> idle ->
 the layer's FlowSchemas and PriorityLevelConfiguration applied (`modules.platform.flowcontrol`, the
-flagship's shares) -> storm. Each storm's steady p99 is compared with the idle round just before it.
+flagship's shares) -> storm -> the same joins paced at `--paced` a second -> the level cut to one seat
+and short queues -> idle -> storm. Each round's steady p99 is compared with the idle round before
+it. After each storm the server's own APF metrics say how many requests each level dispatched and
+how long the join level's requests waited and ran.
 
 The server's concurrency limit is the role's (--max-requests-inflight 3000 + --max-mutating 1000)
-divided by `--scale`: one two-core lab server stands for one of five API-server VMs, and APF divides
-the limit by the same shares at any size, so with the limit scaled to the cores the levels' seats bind
-as they do in production. The seats each level gets are printed.
+divided by `--scale`, and the control plane (etcd, kube-apiserver, kube-controller-manager) runs on
+one core, the clients on the others: the joining kubelets and the user are other machines in a
+cluster. APF divides the limit by the same shares at any size, so with the limit scaled to the core
+the levels' seats stand to it as a production server's seats stand to its cores. The seats each
+level gets are printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,8 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from modules.platform import flowcontrol  # noqa: E402
-from superkube.cluster import kube, wiring  # noqa: E402
+from superkube.cluster import kube  # noqa: E402
 from superkube.lab import apiserver, joins  # noqa: E402
+from superkube.plan import checks  # noqa: E402
 from superkube.plan import engine as planning  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "join_flow.json"
@@ -60,7 +70,7 @@ def role_inputs(stack: str) -> tuple[list[dict[str, Any]], dict[str, int], int]:
     API-server host's view), the controller-manager role's client rate, and the stack's join-level
     shares."""
     plan = planning.run(ROOT, stack)
-    engine = wiring.for_plan(plan)
+    engine = checks.plan_wiring(plan)
     host = next(h for h in engine.hosts if h.group == "apiservers")
     limits = engine.render(
         "kube_apiserver",
@@ -125,7 +135,11 @@ def start_steady(api: apiserver.LocalApi, seconds: float, out: Path) -> subproce
     pk = api.dir / "pki"
     argv = [sys.executable, "-m", "superkube.lab.joins", "steady", api.url, str(pk / "ca.crt"),
             str(pk / f"{STEADY_USER}.crt"), str(pk / f"{STEADY_USER}.key"), NAMESPACE, str(seconds), str(out)]  # fmt: skip
-    return subprocess.Popen(argv, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    return subprocess.Popen(
+        argv,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+        preexec_fn=apiserver.die_with_parent,
+    )
 
 
 def latencies(out: Path, since: float, until: float) -> dict[str, Any]:
@@ -133,7 +147,7 @@ def latencies(out: Path, since: float, until: float) -> dict[str, Any]:
     window = [r for r in rows if since <= r["t"] <= until]
     ms = sorted(r["ms"] for r in window)
     if not ms:
-        return {"requests": 0}
+        raise SystemExit(f"join_flow: the steady client made no request in its window; see {out}")
     return {
         "requests": len(ms),
         "errors": sum(1 for r in window if r["status"] not in (200, 201)),
@@ -161,21 +175,24 @@ def storm_round(
 ) -> dict[str, Any]:
     out = work / f"{name}.jsonl"
     steady = start_steady(api, 3600, out)
-    time.sleep(3)
-    nodes = [f"{name}-{i:05d}" for i in range(len(tokens))]
-    began_wall, began = time.time(), time.monotonic()
+    try:
+        time.sleep(3)
+        nodes = [f"{name}-{i:05d}" for i in range(len(tokens))]
+        began_wall, began = time.time(), time.monotonic()
 
-    def progress(done: int, total: int) -> None:
-        if done % 250 == 0 or done == total:
-            print(f"  {name}: {done}/{total} joined, {time.monotonic() - began:.0f} s", file=sys.stderr)
+        def progress(done: int, total: int) -> None:
+            if done % 250 == 0 or done == total:
+                print(f"  {name}: {done}/{total} joined, {time.monotonic() - began:.0f} s", file=sys.stderr)
 
-    cpu_before = cpu_by_process(api, steady.pid)
-    ca = api.dir / "pki" / "ca.crt"
-    results = joins.storm(api.url, ca, tokens, nodes, concurrency, progress, rate)
-    ended_wall, span = time.time(), time.monotonic() - began
-    cpu = {k: v - cpu_before[k] for k, v in cpu_by_process(api, steady.pid).items()}
-    steady.terminate()
-    steady.wait()
+        cpu_before, apf_before = cpu_by_process(api, steady.pid), apf_metrics(api)
+        ca = api.dir / "pki" / "ca.crt"
+        results = joins.storm(api.url, ca, tokens, nodes, concurrency, progress, rate)
+        ended_wall, span = time.time(), time.monotonic() - began
+        cpu = {k: v - cpu_before[k] for k, v in cpu_by_process(api, steady.pid).items()}
+        apf = apf_delta(apf_before, apf_metrics(api))
+    finally:
+        steady.terminate()
+        steady.wait()
     joined = sorted(r.finished - r.started for r in results if r.ok)
     classified: dict[str, dict[str, int]] = {}
     for r in results:
@@ -198,6 +215,7 @@ def storm_round(
         "join_p99_s": joined[min(len(joined) - 1, math.ceil(0.99 * len(joined)) - 1)] if joined else None,
         "classified": classified,
         "cpu_s": cpu,
+        "apf": apf,
     }
 
 
@@ -213,10 +231,46 @@ def cpu_by_process(api: apiserver.LocalApi, steady: int) -> dict[str, float]:
             "joins (this process)": cpu_s(os.getpid())}  # fmt: skip
 
 
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of a running process onto `cpus` (threads it starts later inherit it)."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+def apf_metrics(api: apiserver.LocalApi) -> dict[tuple[str, str], float]:
+    """The server's APF counters by (metric, priority level): requests dispatched, and the sums and
+    counts of the wait and execution histograms."""
+    wanted = {
+        "apiserver_flowcontrol_dispatched_requests_total",
+        "apiserver_flowcontrol_request_wait_duration_seconds_sum",
+        "apiserver_flowcontrol_request_wait_duration_seconds_count",
+        "apiserver_flowcontrol_request_execution_seconds_sum",
+        "apiserver_flowcontrol_request_execution_seconds_count",
+    }
+    totals: dict[tuple[str, str], float] = {}
+    for line in apiserver.kubectl(api, "get", "--raw", "/metrics").splitlines():
+        name, _, rest = line.partition("{")
+        if name not in wanted:
+            continue
+        labels, _, value = rest.rpartition("} ")
+        level = (
+            labels.split('priority_level="', 1)[1].split('"', 1)[0] if 'priority_level="' in labels else ""
+        )
+        totals[(name, level)] = totals.get((name, level), 0.0) + float(value)
+    return totals
+
+
+def apf_delta(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """Requests each level dispatched in between, and the mean wait and execution of each."""
+    diff = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    levels = sorted({level for (name, level) in diff if name.endswith("dispatched_requests_total")})
+    out: dict[str, Any] = {}
+    for level in levels:
+        dispatched = diff.get(("apiserver_flowcontrol_dispatched_requests_total", level), 0.0)
+        if dispatched < 1:
+            continue
+        row: dict[str, float] = {"dispatched": dispatched}
+        for kind in ("wait_duration", "execution"):
+            prefix = f"apiserver_flowcontrol_request_{kind}_seconds"
+            count = diff.get((f"{prefix}_count", level), 0.0)
+            if count:
+                row[f"mean_{kind.split('_')[0]}_ms"] = 1000 * diff.get((f"{prefix}_sum", level), 0.0) / count
+        out[level] = row
+    return out
 
 
 def level_names(api: apiserver.LocalApi) -> dict[str, str]:
@@ -230,116 +284,128 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=200)
     p.add_argument("--scale", type=int, default=32, help="divide the role's in-flight limits by this")
     p.add_argument("--stack", default="flagship")
-    p.add_argument("--shares", type=int, help="the join level's shares (default: the stack's)")
-    p.add_argument("--queues", type=int, help="the join level's queues (default: the layer's)")
     p.add_argument(
-        "--queue-length-limit", type=int, help="the join level's queue length (default: the layer's)"
+        "--per-node-tokens", action="store_true", help="a bootstrap token per node, not one for all"
     )
-    p.add_argument("--level-only", action="store_true", help="skip the rounds without the join level")
     p.add_argument(
         "--paced", default="2,10,20,30", help="joins a second of the paced rounds (with the level)"
     )
     p.add_argument("--paced-s", type=float, default=30, help="seconds each paced round sends joins")
+    p.add_argument("--one-seat-queues", type=int, default=16, help="queues of the one-seat round's level")
+    p.add_argument(
+        "--one-seat-queue-length", type=int, default=4, help="queue length of the one-seat round's level"
+    )
     args = p.parse_args()
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     say(f"rendering the kube_apiserver role over the {args.stack} plan")
     rendered, limits, shares = role_inputs(args.stack)
-    shares = args.shares or shares
     reads = max(1, limits["kube_apiserver_max_requests_inflight"] // args.scale)
     writes = max(1, limits["kube_apiserver_max_mutating_requests_inflight"] // args.scale)
     total = reads + writes
     every = {**kube.APF_BUILTIN_SHARES, flowcontrol.LEVEL: shares}  # the levels once the layer's is in
     seats = {name: math.ceil(total * s / sum(every.values())) for name, s in every.items()}
-    # the clients (the joining kubelets, the steady user, kubectl) on the last core, the control plane
-    # on the others: in a cluster the joining nodes and the user are other machines, and a client's
-    # CPU taken from the server would be counted against APF
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         sys.exit("join_flow: needs two CPUs, one for the control plane and one for its clients")
-    server_cpus, client_cpus = set(cores[:-1]), {cores[-1]}
-    os.sched_setaffinity(0, client_cpus)
+    # the control plane on one core, the clients (the joining kubelets, the steady user, kubectl) on
+    # the others: in a cluster they are other machines, and their CPU is not the server's
+    server_cpus, client_cpus = {cores[0]}, set(cores[1:])
+    level = flowcontrol.NodeJoinFlowArgs(shares=shares)
+    one_seat = flowcontrol.NodeJoinFlowArgs(
+        shares=1, queues=args.one_seat_queues, hand_size=min(6, args.one_seat_queues),
+        queue_length_limit=args.one_seat_queue_length,
+    )  # fmt: skip
+    paced = [float(r) for r in args.paced.split(",") if r]
+    storms = [args.joins, args.joins, *(math.ceil(r * args.paced_s) for r in paced), args.joins]
     work = Path(tempfile.mkdtemp(prefix="join-flow-"))
     flags = [f"--max-requests-inflight={reads}", f"--max-mutating-requests-inflight={writes}"]
-    with apiserver.running(work / "api", say, flags) as api:
-        api.start_controller_manager(
-            ["csrapproving", "csrsigning"],
-            [
-                f"--kube-api-qps={limits['kube_controller_manager_api_qps']}",
-                f"--kube-api-burst={limits['kube_controller_manager_api_burst']}",
-            ],
-        )
-        for process in api.processes:
-            pin(process.pid, server_cpus)
-        paced = [float(r) for r in args.paced.split(",") if r]
-        tokens = joins.new_tokens(2 * args.joins + sum(math.ceil(r * args.paced_s) for r in paced))
-        say(f"creating {len(tokens)} bootstrap tokens and the steady client's namespace")
-        create(api, joins.bootstrap_objects(rendered, tokens))
-        steady_setup(api)
-        rounds: dict[str, Any] = {}
-        if not args.level_only:
+    os.sched_setaffinity(0, server_cpus)  # what the control plane starts with: GOMAXPROCS follows it
+    try:
+        with apiserver.running(work / "api", say, flags) as api:
+            qps = [f"--kube-api-qps={limits['kube_controller_manager_api_qps']}",
+                   f"--kube-api-burst={limits['kube_controller_manager_api_burst']}"]  # fmt: skip
+            api.start_controller_manager(["csrapproving", "csrsigning"], qps)
+            os.sched_setaffinity(0, client_cpus)
+            tokens = joins.new_tokens(sum(storms) if args.per_node_tokens else 1)
+            say(f"creating {len(tokens)} bootstrap token(s) and the steady client's namespace")
+            create(api, joins.bootstrap_objects(rendered, tokens))
+            steady_setup(api)
+
+            def next_tokens(n: int) -> list[joins.Token]:
+                if not args.per_node_tokens:
+                    return tokens * n
+                taken = tokens[:n]
+                del tokens[:n]
+                return taken
+
+            rounds: dict[str, Any] = {}
+            use = functools.partial(joins.use_flow_control, functools.partial(apiserver.kubectl, api))
             say("idle round (built-in levels only)")
             rounds["idle_builtin"] = idle_round(api, work, "idle-builtin")
             say(f"storm of {args.joins} joins, {args.concurrency} at once, built-in levels only")
             rounds["storm_builtin"] = storm_round(
-                api, work, "builtin", tokens[: args.joins], args.concurrency, level_names(api)
+                api, work, "builtin", next_tokens(args.joins), args.concurrency, level_names(api)
             )
-        tuned = {"queues": args.queues, "queue_length_limit": args.queue_length_limit}
-        level = flowcontrol.NodeJoinFlowArgs(shares=shares, **{k: v for k, v in tuned.items() if v})
-        manifests = flowcontrol.manifests(level)
-        apiserver.kubectl(
-            api,
-            "apply",
-            "-f",
-            "-",
-            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
-        )
-        time.sleep(2)  # the server's APF controller picks the new objects up
-        say("idle round (with superkube-node-join)")
-        rounds["idle_join_level"] = idle_round(api, work, "idle-join-level")
-        say(f"storm of {args.joins} joins, {args.concurrency} at once, with superkube-node-join")
-        rounds["storm_join_level"] = storm_round(
-            api, work, "joinlevel", tokens[args.joins : 2 * args.joins], args.concurrency, level_names(api)
-        )
-        left = tokens[2 * args.joins :]
-        for rate in paced:
-            n = math.ceil(rate * args.paced_s)
-            say(f"paced: {n} joins, {rate:g} a second, with superkube-node-join")
-            rounds[f"paced_{rate:g}_per_s"] = storm_round(
-                api, work, f"paced{rate:g}", left[:n], args.concurrency, level_names(api), rate
+            use(flowcontrol.manifests(level))
+            say("idle round (with superkube-node-join)")
+            rounds["idle_join_level"] = idle_round(api, work, "idle-join-level")
+            say(f"storm of {args.joins} joins, {args.concurrency} at once, with superkube-node-join")
+            rounds["storm_join_level"] = storm_round(
+                api, work, "joinlevel", next_tokens(args.joins), args.concurrency, level_names(api)
             )
-            left = left[n:]
-    figures = {
+            for rate in paced:
+                n = math.ceil(rate * args.paced_s)
+                say(f"paced: {n} joins, {rate:g} a second, with superkube-node-join")
+                rounds[f"paced_{rate:g}_per_s"] = storm_round(
+                    api, work, f"paced{rate:g}", next_tokens(n), args.concurrency, level_names(api), rate
+                )
+            use(flowcontrol.manifests(one_seat))
+            say("idle round (superkube-node-join cut to one seat, short queues)")
+            rounds["idle_one_seat"] = idle_round(api, work, "idle-one-seat")
+            say(f"storm of {args.joins} joins, {args.concurrency} at once, the join level at one seat")
+            rounds["storm_one_seat"] = storm_round(
+                api, work, "oneseat", next_tokens(args.joins), args.concurrency, level_names(api)
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    figures: dict[str, Any] = {
         "joins": args.joins,
         "concurrency": args.concurrency,
         "scale": args.scale,
+        "tokens": "per node" if args.per_node_tokens else "one for all nodes, as in production",
         "level": dataclasses.asdict(level),
+        "one_seat_level": dataclasses.asdict(one_seat),
         "max_requests_inflight": reads,
         "max_mutating_requests_inflight": writes,
         "seats": seats,
         "rounds": rounds,
     }
+    idle_before = "idle_builtin"
     for name, r in rounds.items():
-        if "joins" in r:
-            idle = rounds["idle_builtin" if name == "storm_builtin" else "idle_join_level"]
-            figures[f"p99_ratio_{name}"] = r["steady"]["p99_ms"] / idle["p99_ms"]
+        if name.startswith("idle_"):
+            idle_before = name
+        else:
+            figures[f"p99_ratio_{name}"] = r["steady"]["p99_ms"] / rounds[idle_before]["p99_ms"]
     RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"server limit {reads} + {writes} (the role's / {args.scale}); seats: "
           + ", ".join(f"{k} {v}" for k, v in seats.items()))  # fmt: skip
-    print(
-        f"{'round':<18} {'steady p50':>10} {'p99':>8} {'errors':>6} {'joins':>6} {'429s':>6} {'span s':>7} {'joins/s':>7} {'join p99 s':>10}"
-    )
+    print(f"{'round':<18} {'steady p50':>10} {'p99':>8} {'errors':>6} {'joins':>6} {'429s':>6} {'failed':>6} "
+          f"{'span s':>7} {'joins/s':>7} {'join p99 s':>10}")  # fmt: skip
     for name, r in rounds.items():
-        s = r.get("steady", r)
-        line = f"{name:<18} {s['p50_ms']:>8.1f}ms {s['p99_ms']:>6.1f}ms {s['errors']:>6}"
+        st = r.get("steady", r)
+        line = f"{name:<18} {st['p50_ms']:>8.1f}ms {st['p99_ms']:>6.1f}ms {st['errors']:>6}"
         if "joins" in r:
-            line += f" {r['joined']:>6} {r['throttled_429']:>6} {r['storm_s']:>7.1f} {r['joins_per_s']:>7.1f} {r['join_p99_s']:>10.1f}"
+            line += (f" {r['joined']:>6} {r['throttled_429']:>6} {r['failed']:>6} {r['storm_s']:>7.1f} "
+                     f"{r['joins_per_s']:>7.1f} {r['join_p99_s']:>10.1f}")  # fmt: skip
         print(line)
-    print("steady p99 under the storm / idle: " + ", ".join(
+    print("steady p99 / the idle round before: " + ", ".join(
         f"{k.removeprefix('p99_ratio_')} {v:.2f}x" for k, v in figures.items() if k.startswith("p99_ratio_")
     ) + " (target <= 2x)")  # fmt: skip
     for name in [r for r in rounds if r.startswith("storm_")]:
         print(f"{name} classified: {json.dumps(rounds[name]['classified'])}")
         print(f"{name} CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in rounds[name]["cpu_s"].items()))
+        print(f"{name} APF: " + json.dumps({k: {m: round(v, 1) for m, v in row.items()}
+                                              for k, row in rounds[name]["apf"].items()}))  # fmt: skip
     return 0
 
 

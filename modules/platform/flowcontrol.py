@@ -4,14 +4,17 @@ A burst of new kubelets first talks to the API servers as a bootstrap token (gro
 system:bootstrappers: create and watch a CertificateSigningRequest), then as the node (group
 system:nodes: create its Node object). Without these objects, bootstrap requests land in the
 built-in `global-default` level beside every user's requests, and the burst competes with them.
-With them, joins get a fixed share of each API server's concurrency and wait in fair queues (one
-flow per node) when more arrive than that share serves; nobody else's requests wait behind them.
+With them, joins get a fixed share of each API server's concurrency and wait in the level's queues
+when more arrive than that share serves; nobody else's requests wait behind them. The flows are by
+user: every node bootstraps with the cluster's one token, so all bootstrap requests are one flow
+(spread over `hand_size` queues: hand_size x queue_length_limit of them wait before a 429), and
+each node's registration is a flow of its own.
 
-What the level bounds is seats and queues, not CPU: most of what a join costs a server is outside
+What the level bounds is seats and queues, not CPU: part of what a join costs a server is outside
 it (the TLS handshakes, the controller-manager's review, approval and signature in its own level,
-the Lease, watch fan-out), and each governed request holds its seat for milliseconds. An unpaced
-storm still saturates a server; pacing the arrivals (smoothed scale-up) is what keeps everyone
-else's latency, as bench/join_flow.py measures on the real API server.
+the Lease, watch fan-out). At 10 shares an unpaced storm still fills a server's CPU; fewer shares
+slow it further (429s, retried). Pacing the arrivals (smoothed scale-up) is what keeps everyone
+else's latency first, as bench/join_flow.py measures on the real API server.
 
 Only joining traffic is matched. A joined node's status updates and lease renewals stay in the
 built-in `system-node-high` level (precedence 400): throttling those would mark healthy nodes
@@ -87,7 +90,11 @@ def manifests(args: NodeJoinFlowArgs) -> list[Manifest]:
                 "type": "Limited",
                 "limited": {
                     "nominalConcurrencyShares": args.shares,
-                    "lendablePercent": 0,  # joins never borrow from or lend to other levels' seats
+                    # joins neither lend their seats nor borrow others': without a borrowing limit
+                    # (unset is no limit) a storm borrows the idle seats of every other level and
+                    # the level bounds nothing (bench/join_flow.py saw 1 seat run 7 requests at once)
+                    "lendablePercent": 0,
+                    "borrowingLimitPercent": 0,
                     "limitResponse": {
                         "type": "Queue",
                         "queuing": {

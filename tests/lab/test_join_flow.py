@@ -10,6 +10,7 @@ node. The storm itself, timed, is `bench/join_flow.py`.
 
 from __future__ import annotations
 
+import functools
 import json
 import ssl
 from collections.abc import Iterator
@@ -19,11 +20,12 @@ from typing import Any
 import pytest
 
 from modules.platform import flowcontrol
-from superkube.cluster import wiring
 from superkube.lab import apiserver, joins
+from superkube.plan import checks
 from superkube.plan.engine import Plan
 
-TOKENS = 64
+TOKENS = 3
+BURST = 48
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apiserver.LocalApi
 @pytest.fixture(scope="module")
 def role(flagship_plan: Plan) -> list[dict[str, Any]]:
     """The kube_apiserver role's bootstrap objects over the flagship's plan."""
-    return joins.role_objects(wiring.for_plan(flagship_plan))
+    return joins.role_objects(checks.plan_wiring(flagship_plan))
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,18 @@ def tokens(api: apiserver.LocalApi, role: list[dict[str, Any]]) -> list[joins.To
 def uids(api: apiserver.LocalApi, kind: str) -> dict[str, str]:
     items = json.loads(apiserver.kubectl(api, "get", kind, "-o", "json"))["items"]
     return {i["metadata"]["uid"]: i["metadata"]["name"] for i in items}
+
+
+def limit_seats(api: apiserver.LocalApi) -> dict[tuple[str, str], float]:
+    """APF's seat limits by (nominal | upper, priority level), from the server's own metrics."""
+    limits = {}
+    for line in apiserver.kubectl(api, "get", "--raw", "/metrics").splitlines():
+        for kind in ("nominal", "upper"):
+            prefix = f'apiserver_flowcontrol_{kind}_limit_seats{{priority_level="'
+            if line.startswith(prefix):
+                level, _, value = line.removeprefix(prefix).partition('"} ')
+                limits[(kind, level)] = float(value)
+    return limits
 
 
 def classified(api: apiserver.LocalApi, result: joins.JoinResult) -> dict[str, tuple[str, str]]:
@@ -75,10 +89,14 @@ def test_joins_queue_in_the_node_join_level_and_a_joined_nodes_own_requests_do_n
         "create node": ("system-node-high", "node-high"),
         "create lease": ("system-node-high", "node-high"),
     }
+    # applied, and waited for until the server's APF controller has taken them
     manifests = flowcontrol.manifests(flowcontrol.NodeJoinFlowArgs())
-    apiserver.kubectl(
-        api, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
-    )
+    joins.use_flow_control(functools.partial(apiserver.kubectl, api), manifests)
+    # the level's seats are a bound: it may not borrow other levels' idle seats (upper = nominal),
+    # where a built-in level may (upper > nominal); unset, the borrowing limit is no limit
+    seats = limit_seats(api)
+    assert seats[("upper", flowcontrol.LEVEL)] == seats[("nominal", flowcontrol.LEVEL)] > 0, seats
+    assert seats[("upper", "global-default")] > seats[("nominal", "global-default")], seats
     after = joins.join(api.url, ca, tokens[1], "node-after", tmp_path)
     assert after.ok, after.error
     assert classified(api, after) == {
@@ -113,9 +131,9 @@ def test_joins_queue_in_the_node_join_level_and_a_joined_nodes_own_requests_do_n
 def test_every_join_of_a_burst_ends_as_its_own_node_signed_by_the_cluster_ca(
     api: apiserver.LocalApi, tokens: list[joins.Token]
 ) -> None:
-    burst = tokens[2:]
-    names = [f"burst-{i:03d}" for i in range(len(burst))]
-    results = joins.storm(api.url, api.dir / "pki" / "ca.crt", burst, names, concurrency=16)
+    # every node of a burst with the one token, as a cluster's nodes join
+    names = [f"burst-{i:03d}" for i in range(BURST)]
+    results = joins.storm(api.url, api.dir / "pki" / "ca.crt", [tokens[2]] * BURST, names, concurrency=16)
     assert [r.error for r in results if not r.ok] == []
     assert sorted(r.node for r in results) == names
     nodes = json.loads(apiserver.kubectl(api, "get", "nodes", "-o", "json"))["items"]
@@ -130,8 +148,8 @@ def test_every_join_of_a_burst_ends_as_its_own_node_signed_by_the_cluster_ca(
         assert [r["code"] for r in created] == [201], (name, created)
     # every CSR was approved by the controller-manager's auto-approval and signed
     csrs = json.loads(apiserver.kubectl(api, "get", "csr", "-o", "json"))["items"]
-    ours = [c for c in csrs if c["spec"]["username"].startswith("system:bootstrap:")]
-    assert len(ours) >= len(names)
+    ours = [c for c in csrs if c["spec"]["username"] == f"system:bootstrap:{tokens[2].id}"]
+    assert len(ours) == BURST
     assert all(c["status"].get("certificate") for c in ours)
     assert all(
         any(

@@ -184,7 +184,7 @@ class LocalApi:
         self.processes.clear()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: SIGTERM when the process that started it dies, however it dies (a killed test
     run must not leave an API server behind)."""
     import ctypes
@@ -195,7 +195,7 @@ def _die_with_parent() -> None:
 def _spawn(d: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
     with (d / f"{name}.log").open("wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)  # fmt: skip
+                                preexec_fn=die_with_parent)  # fmt: skip
 
 
 def _wait_ready(api: LocalApi, deadline: float) -> None:

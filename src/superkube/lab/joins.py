@@ -10,13 +10,19 @@ A join is what a kubelet sends when it first starts with a bootstrap kubeconfig:
 3. as the node, with the issued certificate on a new connection, it creates its Node
 4. and its Lease in `kube-node-lease`.
 A request answered 429 (API Priority and Fairness rejected it: its queue was full) is sent again
-after the server's Retry-After, as client-go does, and counted. Every response's flow schema and
-priority level (APF's `X-Kubernetes-PF-*` headers) is kept, so a caller sees how each step was
-classified.
+after the server's Retry-After, as client-go does, up to MAX_429 times, and counted; a request is
+sent again on a new connection after a connection error only when it is idempotent (GET, PUT), as
+client-go does. Every response's flow schema and priority level (APF's `X-Kubernetes-PF-*`
+headers) is kept, so a caller sees how each step was classified.
 
-The steady client (`steady`, run as its own process so the joins' threads do not slow its clock)
-is an ordinary user beside the storm: it lists the pods of a namespace and writes a ConfigMap there,
-back to back, on one kept-alive connection, and records each request's latency.
+In production every node of a cluster joins with the same bootstrap token (the kube_apiserver
+role's one Secret), so every bootstrap request is one user and, with the join schemas'
+`ByUser` distinguisher, one APF flow; pass the same Token for every node to send that. Distinct
+tokens make one flow per node.
+
+The steady client (`steady`, run as its own process so the joins' threads do not hold its
+interpreter) is an ordinary user beside the storm: it lists the pods of a namespace and writes a
+ConfigMap there, back to back, on one kept-alive connection, and records each request's latency.
 
     python -m superkube.lab.joins steady URL CA CERT KEY NAMESPACE SECONDS OUT.jsonl
 """
@@ -51,6 +57,7 @@ FLOW_SCHEMA_HEADER = "X-Kubernetes-PF-FlowSchema-UID"
 PRIORITY_LEVEL_HEADER = "X-Kubernetes-PF-PriorityLevel-UID"
 SIGNED_TIMEOUT_S = 120
 """how long one join waits for its certificate before it counts as failed"""
+MAX_429 = 10  # client-go's default retries of a request the server throttled
 _TOKEN_CHARS = string.ascii_lowercase + string.digits
 
 
@@ -170,18 +177,20 @@ class Client:
         throttled = 0
         payload = None if body is None else json.dumps(body)
         while True:
-            for attempt in (1, 2):
-                try:
-                    self.conn.request(method, path, body=payload, headers=self.headers)
-                    r = self.conn.getresponse()
-                    data = r.read()
-                    break
-                except (OSError, http.client.HTTPException):
-                    self.conn.close()  # a dropped kept-alive connection: once more on a new one
-                    self.conn = self._connect()
-                    if attempt == 2:
-                        raise
-            if r.status != 429:
+            try:
+                self.conn.request(method, path, body=payload, headers=self.headers)
+                r = self.conn.getresponse()
+                data = r.read()
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = self._connect()
+                if method not in ("GET", "PUT"):  # it may have been done: never send it twice
+                    raise
+                # a dropped kept-alive connection: once more, on a new one
+                self.conn.request(method, path, body=payload, headers=self.headers)
+                r = self.conn.getresponse()
+                data = r.read()
+            if r.status != 429 or throttled == MAX_429:
                 break
             throttled += 1
             time.sleep(float(r.getheader("Retry-After") or 1))
@@ -191,11 +200,14 @@ class Client:
         """Watch `path` (a watch URL) until an event's object satisfies `done`; return what it gave."""
         throttled = 0
         while True:
-            conn = self._connect()  # a watch holds its own connection, as client-go's does
+            # a watch holds its own connection, as client-go's does, open as long as the watch asks
+            conn = http.client.HTTPSConnection(
+                self.host, self.port, context=self.context, timeout=SIGNED_TIMEOUT_S + 30
+            )
             try:
                 conn.request("GET", path, headers=self.headers)
                 r = conn.getresponse()
-                if r.status == 429:
+                if r.status == 429 and throttled < MAX_429:
                     throttled += 1
                     time.sleep(float(r.getheader("Retry-After") or 1))
                     continue
@@ -204,6 +216,8 @@ class Client:
                     return result, None
                 while line := r.readline():
                     event = json.loads(line)
+                    if event.get("type") == "ERROR":  # the object is a Status: the watch ended
+                        return result, None
                     found = done(event.get("object") or {})
                     if found:
                         return result, found
@@ -227,7 +241,9 @@ def csr_pem(node: str, key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _issued(obj: dict[str, Any]) -> str:
-    status = obj.get("status") or {}
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return ""
     if any(c.get("type") in ("Denied", "Failed") for c in status.get("conditions") or []):
         return "denied"
     return str(status.get("certificate") or "")
@@ -303,6 +319,29 @@ def _join(url: str, ca: Path, token: Token, node: str, keys: Path, result: JoinR
             raise RuntimeError(f"creating its Lease answered {step.status}: {created.get('message', '')}")
     finally:
         kubelet.close()
+
+
+def use_flow_control(
+    kubectl: Callable[..., str], manifests: Sequence[dict[str, Any]], timeout: float = 60
+) -> None:
+    """Apply flow-control objects and wait until the API server's APF configuration controller has
+    taken every FlowSchema among them (condition Dangling=False: it is in force, its level found)."""
+    kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(manifests)})
+    )
+    schemas = [m["metadata"]["name"] for m in manifests if m["kind"] == "FlowSchema"]
+    deadline = time.monotonic() + timeout
+    while True:
+        taken = []
+        for name in schemas:
+            conditions = json.loads(kubectl("get", "flowschema", name, "-o", "json")).get("status", {})
+            dangling = {c["type"]: c["status"] for c in conditions.get("conditions") or []}.get("Dangling")
+            taken.append(dangling == "False")
+        if all(taken):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API server did not take the flow schemas {schemas} in {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def storm(
