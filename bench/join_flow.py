@@ -241,17 +241,7 @@ def apf_metrics(api: apiserver.LocalApi) -> dict[tuple[str, str], float]:
         "apiserver_flowcontrol_request_execution_seconds_sum",
         "apiserver_flowcontrol_request_execution_seconds_count",
     }
-    totals: dict[tuple[str, str], float] = {}
-    for line in apiserver.kubectl(api, "get", "--raw", "/metrics").splitlines():
-        name, _, rest = line.partition("{")
-        if name not in wanted:
-            continue
-        labels, _, value = rest.rpartition("} ")
-        level = (
-            labels.split('priority_level="', 1)[1].split('"', 1)[0] if 'priority_level="' in labels else ""
-        )
-        totals[(name, level)] = totals.get((name, level), 0.0) + float(value)
-    return totals
+    return joins.apf_metrics(apiserver.kubectl(api, "get", "--raw", "/metrics"), sorted(wanted))
 
 
 def apf_delta(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[str, Any]:
@@ -340,32 +330,36 @@ def main() -> int:
 
             rounds: dict[str, Any] = {}
             use = functools.partial(joins.use_flow_control, functools.partial(apiserver.kubectl, api))
-            say("idle round (built-in levels only)")
-            rounds["idle_builtin"] = idle_round(api, work, "idle-builtin")
-            say(f"storm of {args.joins} joins, {args.concurrency} at once, built-in levels only")
-            rounds["storm_builtin"] = storm_round(
-                api, work, "builtin", next_tokens(args.joins), args.concurrency, level_names(api)
-            )
-            use(flowcontrol.manifests(level))
-            say("idle round (with superkube-node-join)")
-            rounds["idle_join_level"] = idle_round(api, work, "idle-join-level")
-            say(f"storm of {args.joins} joins, {args.concurrency} at once, with superkube-node-join")
-            rounds["storm_join_level"] = storm_round(
-                api, work, "joinlevel", next_tokens(args.joins), args.concurrency, level_names(api)
-            )
-            for rate in paced:
-                n = math.ceil(rate * args.paced_s)
-                say(f"paced: {n} joins, {rate:g} a second, with superkube-node-join")
-                rounds[f"paced_{rate:g}_per_s"] = storm_round(
-                    api, work, f"paced{rate:g}", next_tokens(n), args.concurrency, level_names(api), rate
+            # (idle round, storm round, what the storm is, the join level applied before, joins a second)
+            phases: list[tuple[str, str, str, flowcontrol.NodeJoinFlowArgs | None, float]] = [
+                ("idle_builtin", "storm_builtin", "built-in levels only", None, 0.0),
+                ("idle_join_level", "storm_join_level", "with superkube-node-join", level, 0.0),
+                *(("", f"paced_{r:g}_per_s", f"paced at {r:g} a second", None, r) for r in paced),
+                (
+                    "idle_one_seat",
+                    "storm_one_seat",
+                    "the join level at one seat, short queues",
+                    one_seat,
+                    0.0,
+                ),
+            ]
+            for idle, storm, what, apply, rate in phases:
+                if apply:
+                    use(flowcontrol.manifests(apply))
+                if idle:
+                    say(f"idle round ({what})")
+                    rounds[idle] = idle_round(api, work, idle.replace("_", "-"))
+                n = math.ceil(rate * args.paced_s) if rate else args.joins
+                say(f"storm of {n} joins, {args.concurrency} at once, {what}")
+                rounds[storm] = storm_round(
+                    api,
+                    work,
+                    storm.replace("_", "-"),
+                    next_tokens(n),
+                    args.concurrency,
+                    level_names(api),
+                    rate,
                 )
-            use(flowcontrol.manifests(one_seat))
-            say("idle round (superkube-node-join cut to one seat, short queues)")
-            rounds["idle_one_seat"] = idle_round(api, work, "idle-one-seat")
-            say(f"storm of {args.joins} joins, {args.concurrency} at once, the join level at one seat")
-            rounds["storm_one_seat"] = storm_round(
-                api, work, "oneseat", next_tokens(args.joins), args.concurrency, level_names(api)
-            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     figures: dict[str, Any] = {

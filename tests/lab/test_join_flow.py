@@ -58,14 +58,9 @@ def uids(api: apiserver.LocalApi, kind: str) -> dict[str, str]:
 
 def limit_seats(api: apiserver.LocalApi) -> dict[tuple[str, str], float]:
     """APF's seat limits by (nominal | upper, priority level), from the server's own metrics."""
-    limits = {}
-    for line in apiserver.kubectl(api, "get", "--raw", "/metrics").splitlines():
-        for kind in ("nominal", "upper"):
-            prefix = f'apiserver_flowcontrol_{kind}_limit_seats{{priority_level="'
-            if line.startswith(prefix):
-                level, _, value = line.removeprefix(prefix).partition('"} ')
-                limits[(kind, level)] = float(value)
-    return limits
+    names = [f"apiserver_flowcontrol_{kind}_limit_seats" for kind in ("nominal", "upper")]
+    found = joins.apf_metrics(apiserver.kubectl(api, "get", "--raw", "/metrics"), names)
+    return {(name.split("_")[2], level): value for (name, level), value in found.items()}
 
 
 def classified(api: apiserver.LocalApi, result: joins.JoinResult) -> dict[str, tuple[str, str]]:

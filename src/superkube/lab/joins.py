@@ -50,6 +50,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from superkube.agents.serving_certs import NODES_GROUP
+
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 LEASE_NAMESPACE = "kube-node-lease"
@@ -229,7 +231,7 @@ class Client:
 def csr_pem(node: str, key: ec.EllipticCurvePrivateKey) -> bytes:
     """The request a kubelet makes for its client certificate."""
     subject = x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, NODES_GROUP),
         x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
     ])  # fmt: skip
     return (
@@ -319,6 +321,22 @@ def _join(url: str, ca: Path, token: Token, node: str, keys: Path, result: JoinR
             raise RuntimeError(f"creating its Lease answered {step.status}: {created.get('message', '')}")
     finally:
         kubelet.close()
+
+
+def apf_metrics(text: str, names: Sequence[str]) -> dict[tuple[str, str], float]:
+    """The API server's APF metrics `names` in its /metrics `text`, by (name, priority level), summed
+    over their other labels (flow schema, phase, type)."""
+    totals: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in names:
+            continue
+        labels, _, value = rest.rpartition("} ")
+        level = (
+            labels.split('priority_level="', 1)[1].split('"', 1)[0] if 'priority_level="' in labels else ""
+        )
+        totals[(name, level)] = totals.get((name, level), 0.0) + float(value)
+    return totals
 
 
 def use_flow_control(
