@@ -58,6 +58,11 @@ def test_every_pinned_component_is_built_at_its_pin(built: list[dict[str, Any]])
     assert set(entries["containerd"]["binaries"]) == set(release["runtime"]["containerd"]["binaries"])
     assert entries["runc"]["version"] == f"v{release['runtime']['runc']['version']}"
     assert entries["kwok"]["version"] == build.KWOK_VERSION
+    # the gang scheduler's in-cluster half at the scheduler's own pin; the MPI Operator at the layer's
+    assert entries["scheduler-plugins-controller"]["version"] == entries["scheduler-plugins"]["version"]
+    assert set(entries["scheduler-plugins-controller"]["binaries"]) == {"controller"}
+    assert entries["mpi-operator"]["version"] == f"v{gang.MPI_OPERATOR_VERSION}"
+    assert set(entries["mpi-operator"]["binaries"]) == {"mpi-operator"}
 
 
 def test_the_manifest_records_what_is_on_disk(built: list[dict[str, Any]]) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from superkube.cluster.gang import RELEASES, scheduler_plugins_version
+from superkube.cluster.gang import MPI_OPERATOR_VERSION, RELEASES, scheduler_plugins_version
 
 CACHE_DIR = Path(os.environ.get("SUPERKUBE_BUILD_CACHE", "/var/cache/superkube/build"))
 MANIFEST = "manifest.json"
@@ -63,9 +63,21 @@ class PinError(ValueError):
     """A request for a component or version that cannot be: one line saying what to ask instead."""
 
 
-NAMES = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc", "kwok")
+NAMES = (
+    "etcd",
+    "kubernetes",
+    "kubernetes-node",
+    "scheduler-plugins",
+    "containerd",
+    "runc",
+    "kwok",
+    "scheduler-plugins-controller",
+    "mpi-operator",
+)
 HOST_COMPONENTS = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc")
-"""what `lab up` gives the lab's hosts. Not kwok (it runs beside the lab, against its API server)."""
+"""what `lab up` gives the lab's hosts. Not kwok (it runs beside the lab, against its API server), nor
+the gang controllers: in production they are the in-cluster layer's pods, in the lab host processes
+beside the API server (`superkube.lab.gang`)."""
 KWOK_VERSION = "v0.8.0"
 """kwok simulates Nodes (and their pods) against the lab's real API server: a lab-only tool, never
 installed by the roles, so it is pinned here rather than in the release file"""
@@ -122,6 +134,8 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
         "containerd": f"v{pinned['runtime']['containerd']['version']}",
         "runc": f"v{pinned['runtime']['runc']['version']}",
         "kwok": KWOK_VERSION,
+        "scheduler-plugins-controller": scheduler_plugins_version(pinned["version"]),
+        "mpi-operator": f"v{MPI_OPERATOR_VERSION}",
     }
     unknown = sorted(set(pins or {}) - set(versions))  # kubernetes-node follows kubernetes' pin
     if unknown:
@@ -204,6 +218,20 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
             version=versions["kwok"],
             binaries={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
             ldflags=(f"-X sigs.k8s.io/kwok/pkg/consts.Version={versions['kwok'].removeprefix('v')}",),
+        ),
+        Component(  # the scheduler's in-cluster half (keeps each PodGroup's status), at its pin
+            name="scheduler-plugins-controller",
+            module="sigs.k8s.io/scheduler-plugins",
+            version=versions["scheduler-plugins-controller"],
+            binaries={"controller": "sigs.k8s.io/scheduler-plugins/cmd/controller"},
+            replaces="copy",
+            ldflags=_version_ldflags("v1." + versions["scheduler-plugins-controller"].removeprefix("v0.")),
+        ),
+        Component(  # its go.mod has no replace directives: minimum version selection builds it as is
+            name="mpi-operator",
+            module="github.com/kubeflow/mpi-operator",
+            version=versions["mpi-operator"],
+            binaries={"mpi-operator": "github.com/kubeflow/mpi-operator/cmd/mpi-operator"},
         ),
     ]
 
