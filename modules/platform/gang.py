@@ -28,6 +28,9 @@ COMPONENT = "gang-scheduling"
 CONTROLLER = "scheduler-plugins-controller"
 MPI_OPERATOR = "mpi-operator"
 SCHEDULER_ACCESS = "superkube:gang-scheduler"
+MPI_OPERATOR_HEALTH_PORT = 8080
+"""fixed in the operator (v0.8.2 cmd/mpi-operator/app/server.go): no flag moves it"""
+MPI_OPERATOR_METRICS_PORT = 9090
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,9 +227,19 @@ def manifests(args: GangSchedulingArgs) -> list[Manifest]:
                 f"--lock-namespace={NAMESPACE}",
                 f"--kube-api-qps={args.api_qps}",
                 f"--kube-api-burst={args.api_burst}",
-                "--monitoring-port=8080",
+                # not 8080: the operator always serves /healthz there, on every address, and a
+                # metrics server on the same port makes it exit at start ("address already in use")
+                f"--monitoring-port={MPI_OPERATOR_METRICS_PORT}",
             ],
-            "ports": [{"name": "metrics", "containerPort": 8080}],
+            "ports": [
+                {"name": "metrics", "containerPort": MPI_OPERATOR_METRICS_PORT},
+                {"name": "healthz", "containerPort": MPI_OPERATOR_HEALTH_PORT},
+            ],
+            # healthy while it leads, or while it waits to (its leader election's health adaptor)
+            "livenessProbe": {
+                "httpGet": {"path": "/healthz", "port": MPI_OPERATOR_HEALTH_PORT},
+                "periodSeconds": 20,
+            },
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         }
         out += [

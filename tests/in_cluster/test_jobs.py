@@ -76,6 +76,12 @@ def test_the_mpi_operator_gangs_through_our_scheduler(dev_plan: Plan) -> None:
     template = (ROOT / "playbooks/roles/gang_scheduler/templates/scheduler-config.yaml.j2").read_text()
     assert f"schedulerName: {flags['gang-scheduling']}" in template
     assert flags["lock-namespace"] == "superkube-system"
+    # its health server always takes port 8080 (no flag moves it): metrics on the same port made the
+    # operator exit at start in the lab ("bind: address already in use")
+    assert flags["monitoring-port"] != "8080"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": int(flags["monitoring-port"]), "healthz": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
     roles = {r["metadata"]["name"]: r for r in of_kind(dev_plan, "ClusterRole")}
     operator = roles["mpi-operator"]["rules"]
     assert any("podgroups" in r["resources"] and "create" in r["verbs"] for r in operator)
