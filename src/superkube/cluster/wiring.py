@@ -106,9 +106,11 @@ class Wiring:
             templar.available_variables = {**templar.available_variables, **task_vars}
         return str(templar.template(trust(text)))
 
-    def render(self, role: str, host: PlanHost, names: list[str]) -> dict[str, Any]:
-        """The named variables of `role` as `host` would see them in a converge."""
+    def render(self, role: str, host: PlanHost, names: list[str], **task_vars: Any) -> dict[str, Any]:
+        """The named variables of `role` as `host` would see them in a converge (with the task's vars)."""
         templar = self._templar(role, host)
+        if task_vars:
+            templar.available_variables = {**templar.available_variables, **task_vars}
         return {n: _plain(templar.template(templar.available_variables[n])) for n in names}
 
     def _templar(self, role: str, host: PlanHost) -> Any:

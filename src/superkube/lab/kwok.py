@@ -65,10 +65,14 @@ def _stage(
 
 
 READY = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+COMPLETE_ANNOTATION = "superkube.io/lab-complete"
+"""set to "true" on a running pod and kwok finishes it as its containers exiting 0 would (lab-only:
+how a test ends a simulated job's launcher, since nothing runs in a kwok pod)"""
 
 
 def stages() -> list[dict[str, Any]]:
-    """A kubelet's life as kwok Stages: join (Ready), report on schedule, run bound pods, finish deleted ones."""
+    """A kubelet's life as kwok Stages: join (Ready), report on schedule, run bound pods, complete a pod
+    a test marks done, finish deleted ones."""
     now = "{{ $now := Now }}\n"
     return [
         _stage(
@@ -113,6 +117,32 @@ def stages() -> list[dict[str, Any]]:
                 "{{ with NodeIPWith .spec.nodeName }}hostIP: {{ . | Quote }}\n{{ end }}"
                 '{{ with PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) '
                 '( or .metadata.name "" ) ( or .metadata.namespace "" ) }}podIP: {{ . | Quote }}\n{{ end }}'
+            },
+        ),
+        _stage(
+            "superkube-pod-complete",
+            "Pod",
+            [
+                {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                {
+                    "key": f'.metadata.annotations["{COMPLETE_ANNOTATION}"]',
+                    "operator": "In",
+                    "values": ["true"],
+                },
+            ],
+            {
+                "statusTemplate": now
+                + "phase: Succeeded\nconditions:\n"
+                + "".join(
+                    f"- type: {kind}\n  status: 'False'\n  reason: PodCompleted\n"
+                    f"  lastTransitionTime: {{{{ $now | Quote }}}}\n"
+                    for kind in ("Ready", "ContainersReady")
+                )
+                + "containerStatuses:\n{{ range .spec.containers }}\n- name: {{ .name | Quote }}\n"
+                "  image: {{ .image | Quote }}\n  ready: false\n  started: false\n  restartCount: 0\n"
+                "  state: {terminated: {exitCode: 0, reason: Completed, finishedAt: {{ $now | Quote }}}}\n"
+                "{{ end }}\n"
             },
         ),
         # an evicted or deleted pod: its containers stop and the kubelet removes it
