@@ -52,6 +52,7 @@ bench: install-test debian-deps
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/join_storm.py
 	$(BIN)/python bench/join_flow.py
+	$(BIN)/python bench/gang.py
 	$(BIN)/python bench/pod_network.py
 	$(BIN)/python bench/monitoring.py
 	$(BIN)/python bench/team_webhook.py

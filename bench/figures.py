@@ -140,6 +140,7 @@ def summary_table() -> str:
             "team_webhook.json",
         ),
         *_join_flow_rows(),
+        *_gang_rows(),
         *_agents_rows(),
         *_real_nodes_rows(),
         (
@@ -190,6 +191,37 @@ def _real_nodes_rows() -> list[tuple[str, str, str]]:
                 ", ".join(f"{1000 * v:.0f}" for v in real["run_podsandbox_s"]["stock_bridge"]),
             ),
             "real_nodes.json",
+        ),
+    ]
+
+
+def _gang_rows() -> list[tuple[str, str, str]]:
+    """MPIJobs through the real operator and gang scheduler, against the default profile (bench/gang.py)."""
+    run = results("gang")
+    gang, default = run["profiles"]["gang"], run["profiles"]["default"]
+    sizes = " / ".join(str(r["workers"]) for r in gang)
+
+    def each(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
+        return " / ".join(format(r[key], fmt) for r in rows)
+
+    def slowest(rows: list[dict[str, Any]]) -> str:
+        return " / ".join(
+            f"{r['create_to_all_bound_s']:.1f} ({r['create_to_all_bound_max_s']:.0f})" for r in rows
+        )
+
+    return [
+        (
+            f"an MPIJob of {sizes} whole-node workers: creation -> every pod bound, fastest (slowest) of "
+            f"{len(gang[0]['runs'])} runs, Coscheduling; the default profile on the same nodes",
+            f"{slowest(gang)} s; {slowest(default)} s",
+            "gang.json",
+        ),
+        (
+            "the same jobs' fastest runs: pods bound per second (creation -> last bind); first -> last "
+            "bind of a gang",
+            f"{each(gang, 'pods_bound_per_s', '.1f')} vs {each(default, 'pods_bound_per_s', '.1f')}; "
+            f"{each(gang, 'first_to_last_bind_s', '.2f')} s",
+            "gang.json",
         ),
     ]
 

@@ -138,7 +138,9 @@ def set_cordoned(c: Cluster, names: list[str], cordoned: bool) -> None:
 
 def delete(c: Cluster, *jobs: str, namespace: str = "research") -> None:
     c.kubectl("delete", "mpijob", *jobs, "-n", namespace, "--wait=false")
-    wait_for("the jobs' pods gone", lambda: not any(pods(c, j, namespace) for j in jobs))
+    # gone, not only deleted: a pod being deleted still holds its node
+    gone = lambda: not any(gang_lab.job_pods(c.api, namespace, j, terminating=True) for j in jobs)  # noqa: E731
+    wait_for("the jobs' pods gone", gone)
 
 
 def test_the_controllers_run_with_the_layers_flags_and_identities(cluster: Cluster) -> None:

@@ -370,12 +370,16 @@ def register(api: apiserver.LocalApi, nodes: Sequence[tuple[dict[str, Any], dict
                           "--type=merge", "-p", json.dumps(status))  # fmt: skip
 
 
-def job_pods(api: apiserver.LocalApi, namespace: str, job: str) -> list[dict[str, Any]]:
-    """The job's pods (those of its pod group) not being deleted."""
+def job_pods(
+    api: apiserver.LocalApi, namespace: str, job: str, terminating: bool = False
+) -> list[dict[str, Any]]:
+    """The job's pods (those of its pod group); those being deleted, which still hold their nodes,
+    only with `terminating`."""
     out = apiserver.kubectl(
         api, "get", "pods", "-n", namespace, "-l", f"{POD_GROUP_LABEL}={job}", "-o", "json"
     )
-    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return [p for p in items if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
 def bound(api: apiserver.LocalApi, namespace: str, job: str) -> dict[str, str]:

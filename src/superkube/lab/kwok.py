@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from superkube.lab import build
+from superkube.lab.apiserver import die_with_parent
 from superkube.lab.errors import LabError
 
 ANNOTATION = "kwok.x-k8s.io/node"
@@ -225,7 +226,9 @@ def start(
         "--node-ip=10.0.0.1",
     ]
     with log.open("ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # it dies with whoever started it: a killed benchmark must not leave it retrying a gone server
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=die_with_parent)  # fmt: skip
     kwok = Kwok(process, log)
     time.sleep(0.5)
     if not kwok.alive():
