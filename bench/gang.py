@@ -27,7 +27,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,14 +50,8 @@ def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def wait_for(what: str, check: Any, timeout: float = TIMEOUT_S, every: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    sys.exit(f"timed out after {timeout:.0f} s waiting for {what}")
+def wait_for(what: str, check: Any, timeout: float = TIMEOUT_S) -> Any:
+    return gang_lab.wait_for(what, check, timeout, every=0.25)
 
 
 def run_job(api: apiserver.LocalApi, spec: Any, name: str, workers: int) -> dict[str, Any]:
@@ -124,7 +117,7 @@ def main() -> int:
             gang_lab.running(api, work / "gang", objects, config, flags, log) as gang,
             kwok.running(api.kubeconfig, work / "kwok", log),
         ):
-            nodes = [gang_lab.gpu_node(f"any-{i:03d}", "any") for i in range(max(sizes))]
+            nodes = [gang_lab.gpu_node(f"any-{i:03d}", "any", plan.spec.teams) for i in range(max(sizes))]
             gang_lab.register(api, nodes + [gang_lab.cpu_node(f"cpu-{i}") for i in range(CPU_NODES)])
             apiserver.kubectl(api, "create", "namespace", NAMESPACE)
             apiserver.kubectl(api, "create", "serviceaccount", "default", "-n", NAMESPACE)

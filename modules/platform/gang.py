@@ -25,8 +25,8 @@ from modules.platform.objects import Manifest
 from superkube.cluster import gang
 
 COMPONENT = "gang-scheduling"
-CONTROLLER = "scheduler-plugins-controller"
-MPI_OPERATOR = "mpi-operator"
+CONTROLLER = gang.CONTROLLER_NAME
+MPI_OPERATOR = gang.MPI_OPERATOR_NAME
 SCHEDULER_ACCESS = "superkube:gang-scheduler"
 MPI_OPERATOR_HEALTH_PORT = 8080
 """fixed in the operator (v0.8.2 cmd/mpi-operator/app/server.go): no flag moves it"""

@@ -22,6 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
+from superkube.cluster.kube import SYSTEM_NAMESPACE
 from superkube.lab import apiserver, kwok
 from superkube.lab import gang as gang_lab
 from superkube.plan import checks, layer
@@ -64,7 +65,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, flagship_plan: Plan) -> It
         gang_lab.running(api, work / "gang", objects, config, flags) as running,
         kwok.running(api.kubeconfig, work / "kwok"),
     ):
-        made = [gang_lab.gpu_node(n, team) for n, team in NODES.items()]
+        made = [gang_lab.gpu_node(n, team, flagship_plan.spec.teams) for n, team in NODES.items()]
         gang_lab.register(api, made + [gang_lab.cpu_node(f"cpu-{i}") for i in range(CPU_NODES)])
         for ns in ("research", "pretraining"):
             apiserver.kubectl(api, "create", "namespace", ns)
@@ -75,14 +76,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, flagship_plan: Plan) -> It
         yield c
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+    return gang_lab.wait_for(what, check, timeout)
 
 
 def ready_nodes(c: Cluster) -> int:
@@ -146,8 +141,8 @@ def delete(c: Cluster, *jobs: str, namespace: str = "research") -> None:
 def test_the_controllers_run_with_the_layers_flags_and_identities(cluster: Cluster) -> None:
     assert cluster.gang.dead() == {}
     # each holds its leader-election Lease under its own identity (the layer's RBAC lets it)
-    ns = "superkube-system"
-    assert wait_for("the operator's lease", lambda: gang_lab.leader(cluster.api, ns, "mpi-operator"))
+    ns = SYSTEM_NAMESPACE
+    assert wait_for("the operator's lease", lambda: gang_lab.leader(cluster.api, ns, gang_lab.OPERATOR))
     assert wait_for(
         "the controller's lease",
         lambda: gang_lab.leader(cluster.api, "kube-system", "sched-plugins-controllers"),
@@ -155,7 +150,7 @@ def test_the_controllers_run_with_the_layers_flags_and_identities(cluster: Clust
     assert wait_for(
         "the scheduler's lease", lambda: gang_lab.leader(cluster.api, "kube-system", "kube-scheduler")
     )
-    for name in ("mpi-operator", "scheduler-plugins-controller"):
+    for name in (gang_lab.OPERATOR, gang_lab.CONTROLLER):
         denied = [r for r in cluster.api.requests(f"system:serviceaccount:{ns}:{name}") if r["code"] == 403]
         assert denied == [], f"{name} was refused: {denied[:3]}"
 

@@ -34,6 +34,8 @@ MPI_OPERATOR_VERSION = "0.8.2"
 MPI_OPERATOR_IMAGE = f"mpioperator/mpi-operator:{MPI_OPERATOR_VERSION}"
 """The release's image (its tags carry no leading v)."""
 SCHEDULER_PLUGINS_CONTROLLER = "registry.k8s.io/scheduler-plugins/controller"
+CONTROLLER_NAME, MPI_OPERATOR_NAME = "scheduler-plugins-controller", "mpi-operator"
+"""the in-cluster layer's Deployments and service accounts for the two (and the lab's processes)"""
 
 GANG_CRDS = ("podgroups.scheduling.x-k8s.io", "elasticquotas.scheduling.x-k8s.io")
 MPI_CRDS = ("mpijobs.kubeflow.org",)

@@ -29,6 +29,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,14 +39,13 @@ from typing import Any
 import yaml
 
 from superkube.cluster import cloudinit
-from superkube.cluster.gang import POD_GROUP_LABEL
+from superkube.cluster.gang import CONTROLLER_NAME, MPI_OPERATOR_NAME, POD_GROUP_LABEL
 from superkube.lab import apiserver, build, kwok
 from superkube.lab.errors import LabError
-from superkube.model.teams import TEAM_KEY
+from superkube.model.teams import TEAM_KEY, TeamTuple
 
 BUILT = ("scheduler-plugins", "scheduler-plugins-controller", "mpi-operator")
-CONTROLLER, OPERATOR = "scheduler-plugins-controller", "mpi-operator"
-"""the layer's Deployment (and service account) names, as modules/platform/gang.py names them"""
+CONTROLLER, OPERATOR = CONTROLLER_NAME, MPI_OPERATOR_NAME
 CONTROLLER_MANAGER = ("job", "garbagecollector", "nodelifecycle")
 TOKEN_LIFETIME = "24h"
 _CLONE_NEWNET = 0x40000000
@@ -337,18 +337,23 @@ def leader(api: apiserver.LocalApi, namespace: str, lease: str) -> str:
 
 GPU_CAPACITY = {"cpu": "96", "memory": "1900Gi", "nvidia.com/gpu": "8", "pods": "110"}
 CPU_CAPACITY = {"cpu": "32", "memory": "128Gi", "pods": "110"}
-RACK_GROUPS = {"pretraining": "a", "research": "b"}
-"""the flagship's team tuples: the rack group whose GPU nodes each team owns (stacks/Pulumi.flagship.yaml)"""
 
 
-def gpu_node(name: str, team: str, cluster: str = "flagship") -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GPU node as it stands once joined: the plan's labels, past preflight, with the taint the team
-    reconciler keeps for its rack group (`team` "any": capacity anyone may borrow)."""
+def gpu_node(
+    name: str, team: str, teams: Sequence[TeamTuple], cluster: str = "flagship"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GPU node as it stands once joined: the plan's labels, past preflight, the labels of `team`'s
+    tuple among the plan's `teams` (its rack group), and the taint the team reconciler keeps for it
+    (`team` "any": capacity anyone may borrow)."""
     labels = cloudinit.node_labels(cluster, "gpu", "gpu", {})
     labels.pop(cloudinit.PREFLIGHT_TAINT_KEY, None)
     labels.update({"kubernetes.io/hostname": name, "nvidia.com/gpu.count": GPU_CAPACITY["nvidia.com/gpu"]})
-    if team in RACK_GROUPS:
-        labels["superkube.io/rack-group"] = RACK_GROUPS[team]
+    selectors = [t.selector for t in teams if t.team == team]
+    if not selectors:
+        raise LabError(
+            f"no team {team!r} among the plan's teams: {', '.join(sorted({t.team for t in teams}))}"
+        )
+    labels.update(selectors[0])
     return kwok.node(name, labels, GPU_CAPACITY, [{"key": TEAM_KEY, "value": team, "effect": "NoSchedule"}])
 
 
@@ -357,6 +362,17 @@ def cpu_node(name: str, cluster: str = "flagship") -> tuple[dict[str, Any], dict
     labels.pop(cloudinit.PREFLIGHT_TAINT_KEY, None)
     labels["kubernetes.io/hostname"] = name
     return kwok.node(name, labels, CPU_CAPACITY)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
+    """`check()`'s first truthy value, polled every `every` s; LabError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(every)
+    raise LabError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def register(api: apiserver.LocalApi, nodes: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> None:
