@@ -123,8 +123,14 @@ def test_the_team_reconciler_follows_nodes_by_watch(api: LocalApi, tmp_path: Pat
     try:
         reconciler.round()
         name = unique("late")
-        make_node(api, name, {"rack": rack})  # joins after the list: the watch brings it
-        wait_for("the watch", lambda: nodes.watch.get(name) is not None)
+        node = make_node(api, name, {"rack": rack})  # joins after the list: the watch brings it
+        # as make_node left it: the watch's first sight of it still carries the server's not-ready
+        # taint, and a round on that view is refused (its `test` op no longer holds) by design
+        version = node["metadata"]["resourceVersion"]
+        wait_for(
+            "the watch",
+            lambda: ((nodes.watch.get(name) or {}).get("metadata") or {}).get("resourceVersion") == version,
+        )
         assert reconciler.round().get("add") == 1
         assert teams.taint("research") in kube.node(name)["spec"]["taints"]
         assert nodes.watch.lists == 1
