@@ -272,7 +272,7 @@ def _start(
     scheduler_config: str,
     scheduler_flags: Mapping[str, str],
 ) -> None:
-    api, d = gang.api, gang.dir
+    api = gang.api
     controller, operator = _container(objects, CONTROLLER), _container(objects, OPERATOR)
     namespace = next(o["metadata"]["namespace"] for o in objects if o.get("kind") == "Deployment")
     if namespace not in apiserver.kubectl(api, "get", "namespaces", "-o", "name"):
@@ -283,16 +283,7 @@ def _start(
     crds = [o["metadata"]["name"] for o in objects if o.get("kind") == "CustomResourceDefinition"]
     apiserver.kubectl(api, "wait", "--for=condition=Established", "--timeout=60s",
                       *(f"crd/{c}" for c in crds))  # fmt: skip
-    gang.api.start_controller_manager(CONTROLLER_MANAGER)
-
-    # the scheduler: the role's configuration, as system:kube-scheduler
-    gang.scheduler_kubeconfig = api.client_kubeconfig("kube-scheduler", "system:kube-scheduler")
-    flags = {k: _local(v, gang.scheduler_kubeconfig, d) for k, v in scheduler_flags.items()}
-    flags["secure-port"] = str(apiserver.free_port())  # not the default: several labs on one machine
-    gang.scheduler_argv = [str(built["scheduler-plugins"].binary("kube-scheduler")),
-                           *(f"--{k}={v}" for k, v in flags.items())]  # fmt: skip
-    gang.scheduler_config_path = Path(flags["config"])
-    gang.start_scheduler(scheduler_config)
+    _start_scheduling(gang, built["scheduler-plugins"], scheduler_config, scheduler_flags)
 
     # the controller: the layer's args, with its token, listening on loopback only
     config = api.token_kubeconfig(CONTROLLER, _token(api, namespace, CONTROLLER))
@@ -309,6 +300,43 @@ def _start(
     config = api.token_kubeconfig(OPERATOR, _token(api, namespace, OPERATOR))
     _spawn(gang, OPERATOR, ["ip", "netns", "exec", gang.netns, str(built["mpi-operator"].binary("mpi-operator")),
                             *operator["args"], f"--kubeConfig={config}"])  # fmt: skip
+
+
+def _start_scheduling(gang: Gang, built: build.Built, config: str, flags: Mapping[str, str]) -> None:
+    """The controller-manager (`CONTROLLER_MANAGER`), and the scheduler with the role's configuration
+    as system:kube-scheduler."""
+    api, d = gang.api, gang.dir
+    api.start_controller_manager(CONTROLLER_MANAGER)
+    gang.scheduler_kubeconfig = api.client_kubeconfig("kube-scheduler", "system:kube-scheduler")
+    local = {k: _local(v, gang.scheduler_kubeconfig, d) for k, v in flags.items()}
+    local["secure-port"] = str(apiserver.free_port())  # not the default: several labs on one machine
+    gang.scheduler_argv = [str(built.binary("kube-scheduler")), *(f"--{k}={v}" for k, v in local.items())]
+    gang.scheduler_config_path = Path(local["config"])
+    gang.start_scheduler(config)
+
+
+@contextlib.contextmanager
+def scheduling(
+    api: apiserver.LocalApi,
+    workdir: Path,
+    scheduler_config: str,
+    scheduler_flags: Mapping[str, str],
+    progress: Callable[[str], None] = lambda line: None,
+) -> Iterator[Gang]:
+    """Only the scheduler and the controller-manager of `running`: for what needs pods placed (and
+    nodes' not-ready taints lifted) but no gang controller or MPI Operator."""
+    wanted = [c for c in build.components() if c.name == "scheduler-plugins"]
+    try:
+        (built,) = build.build_all(wanted, lambda c, what: progress(f"{c}: {what}"))
+    except build.BuildError as exc:
+        raise LabError(str(exc)) from None
+    workdir.mkdir(parents=True, exist_ok=True)
+    gang = Gang(api, workdir)
+    try:
+        _start_scheduling(gang, built, scheduler_config, scheduler_flags)
+        yield gang
+    finally:
+        gang.stop()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Build cluster-autoscaler with its kwok cloud provider for the lab (`superkube.lab.autoscaler`).
+
+cluster-autoscaler is not published as a Go module the lab's build can fetch, so this builds it from
+a git clone of kubernetes/autoscaler, at the tag of the release superkube pins:
+
+    scripts/build_autoscaler.py --autoscaler DIR [--version 1.35.2]
+
+It exports the tag's `cluster-autoscaler/` tree into a scratch folder (the clone is left as it
+was), checks the release's own version constant, makes the one lab change below, and runs
+`go build -tags kwok` (only the kwok provider compiled in) into the lab's build cache, where
+`superkube.lab.autoscaler.binary()` finds it. Go fetches the modules the release's go.mod names.
+
+The lab change: the kwok provider creates each Node of a scale-up with its own API client, which
+client-go limits to 5 requests a second, so 1,000 nodes would take 200 s to appear whatever the
+autoscaler decided. On Azure a scale-up is one call that sets a scale set's capacity. The build
+lifts that client's limit (a negative QPS turns client-go's limiter off), so the lab's nodes appear
+when the autoscaler asks for them. Nothing else in the release changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src")]
+
+from superkube.cluster import autoscaling  # noqa: E402
+from superkube.lab import autoscaler  # noqa: E402
+
+PROVIDER = "cloudprovider/kwok/kwok_provider.go"
+ANCHOR = "\tkubeClient := kubeclient.NewForConfigOrDie(restConfig)\n"
+LAB_CHANGE = "\trestConfig.QPS = -1 // superkube lab: a scale-up's nodes appear at once, as on Azure\n"
+
+
+def fail(message: str) -> None:
+    print(f"build_autoscaler: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--autoscaler", type=Path, required=True, help="a git clone of kubernetes/autoscaler")
+    p.add_argument("--version", default=autoscaling.VERSION)
+    args = p.parse_args()
+    tag = f"cluster-autoscaler-{args.version}"
+    out = autoscaler.CACHE / "cluster-autoscaler" / f"v{args.version}" / "bin" / "cluster-autoscaler"
+    with tempfile.TemporaryDirectory(prefix="ca-build-") as scratch:
+        archive = subprocess.run(
+            ["git", f"--git-dir={args.autoscaler / '.git'}" if (args.autoscaler / ".git").exists()
+             else f"--git-dir={args.autoscaler}", "archive", tag, "cluster-autoscaler"],
+            capture_output=True,
+        )  # fmt: skip
+        if archive.returncode != 0:
+            fail(f"{args.autoscaler} has no tag {tag} ({archive.stderr.decode().strip()}): fetch the tags")
+        subprocess.run(["tar", "-x", "-C", scratch], input=archive.stdout, check=True)
+        src = Path(scratch) / "cluster-autoscaler"
+        version = re.search(r'ClusterAutoscalerVersion = "([^"]+)"', (src / "version/version.go").read_text())
+        if not version or version.group(1) != args.version:
+            fail(f"{tag} says it is version {version and version.group(1)}, not {args.version}")
+        provider = src / PROVIDER
+        text = provider.read_text()
+        if text.count(ANCHOR) != 1:
+            fail(f"{PROVIDER} at {tag} no longer builds its client where this script expects: update ANCHOR")
+        provider.write_text(text.replace(ANCHOR, LAB_CHANGE + ANCHOR))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        print(f"building cluster-autoscaler {args.version} (kwok provider) into {out}", file=sys.stderr)
+        built = subprocess.run(
+            ["go", "build", "-tags", "kwok", "-o", str(partial), "."],
+            cwd=src, env={**os.environ, "CGO_ENABLED": "0"},
+        )  # fmt: skip
+        if built.returncode != 0:
+            fail(f"go build failed (exit {built.returncode}); its output is above")
+        shutil.move(partial, out)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
