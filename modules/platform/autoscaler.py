@@ -54,6 +54,13 @@ def _rules() -> list[dict[str, list[str]]]:
             "verbs": read,
         },
         {"apiGroups": ["apps"], "resources": ["statefulsets", "replicasets", "daemonsets"], "verbs": read},
+        # its snapshot of the cluster waits for these informers before the first loop, dynamic
+        # resource allocation on or off: without them it starts, takes its lease, and never scales
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "deviceclasses", "resourceclaims"],
+            "verbs": read,
+        },
         {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": read},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": read},
         {

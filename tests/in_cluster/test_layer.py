@@ -106,6 +106,40 @@ def test_the_autoscaler_runs_on_the_api_servers_not_as_a_pod(any_plan: Plan) -> 
         assert vm.inputs["tags"][autoscaling.IDENTITY_TAG] and vm.inputs["tags"][autoscaling.SCOPE_TAG]
 
 
+def test_a_gpu_pool_grows_for_a_job_though_its_nodes_register_behind_preflight(any_plan: Plan) -> None:
+    """Each taint of an autoscaled scale set's node template is one a rendered job's worker tolerates,
+    or a startup taint the autoscaler leaves out of the node it simulates. The preflight taint was
+    neither, and the real autoscaler answered every pending GPU pod with "didn't trigger scale-up:
+    8 node(s) had untolerated taint(s)" (bench/autoscaler.py, first run)."""
+    from superkube.cluster import jobs
+    from superkube.lab import autoscaler as ca_lab
+
+    startup = {v for k, v in (a.removeprefix("--").partition("=")[::2] for a in autoscaler_args(any_plan))
+               if k == "startup-taint"}  # fmt: skip
+    assert startup == {PREFLIGHT_TAINT_KEY}
+    for pool in (p for p in any_plan.spec.node_pools if p.gpus_per_node):
+        owner = any_plan.spec.pool_team(pool, any_plan.cluster)
+        teams_ = sorted({t.team for t in any_plan.spec.teams if t.team != "any"})
+        team = owner if owner not in (None, "any") else (teams_[0] if teams_ else None)
+        job = jobs.JobSpec(name="j", namespace="research", image="trainer:1", command=["c"], workers=2,
+                           team=team, borrow=owner == "any")  # fmt: skip
+        worker = jobs.render(job, any_plan.spec)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+        tolerated = {(t["key"], t.get("value")) for t in worker["tolerations"]}
+        for s in ca_lab.scale_sets(any_plan, pool=pool.name):
+            for taint in s.taints:
+                assert taint["key"] in startup or (taint["key"], taint["value"]) in tolerated, (s.name, taint)
+
+
+def test_the_autoscaler_may_read_what_it_waits_for_before_its_first_loop(any_plan: Plan) -> None:
+    """cluster-autoscaler 1.35 waits for its resource.k8s.io informers before its first loop,
+    whether dynamic resource allocation is on or not. Without this rule it took its lease and never
+    scaled (bench/autoscaler.py: "Initializing resource informers, blocking until caches are synced")."""
+    (role,) = [o for o in layer.objects(any_plan)["autoscaler"] if o["kind"] == "ClusterRole"]
+    dra = [r for r in role["rules"] if r["apiGroups"] == ["resource.k8s.io"]]
+    assert dra and set(dra[0]["resources"]) == {"resourceslices", "deviceclasses", "resourceclaims"}
+    assert set(dra[0]["verbs"]) == {"get", "list", "watch"}
+
+
 def test_each_spec_key_reaches_its_autoscaler_flag(write_stack: Callable[..., Path]) -> None:
     config = dev_config()
     config.update(

@@ -14,6 +14,13 @@ The join-rate model (`peak_join_rate_per_second`): cluster-autoscaler adds at mo
 pending every scan adds another batch), and each new node waits a uniform random 0..jitter seconds
 before its kubelet bootstraps. `bench/join_storm.py` simulates the same burst, with the API Priority
 and Fairness queue it meets, and prints the simulated peak beside this formula's.
+
+What the real autoscaler showed (`bench/autoscaler.py`): a loop that scaled up starts the next one
+at once ("Autoscaler loop triggered immediately after a scale up"), so `--scan-interval` does not
+space the batches; while pods stay pending they follow each other as fast as a loop runs. The
+formula's batch every scan interval holds only where a loop takes that long; on a faster host the
+batches come sooner. Nothing in the autoscaler's flags bounds the rate (the unready brakes count a
+node as unready only after it has been registered and not ready for 15 minutes).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
-from superkube.model.spec import ClusterSpec
+from superkube.model.spec import PREFLIGHT_TAINT_KEY, ClusterSpec
 
 VERSION = "1.35.2"
 """cluster-autoscaler release, matched to the cluster's Kubernetes minor (its release policy)."""
@@ -143,6 +150,10 @@ def flags(spec: ClusterSpec, cluster: str) -> list[str]:
         f"--new-pod-scale-up-delay={spec.autoscaler_new_pod_scale_up_delay_seconds}s",
         f"--max-node-provision-time={spec.autoscaler_max_node_provision_minutes}m",
         f"--expendable-pods-priority-cutoff={EXPENDABLE_CUTOFF}",
+        # a GPU node registers behind the preflight taint, so the scale sets' templates carry it and
+        # no workload tolerates it: unless it is a startup taint (left out of the simulated node, and
+        # a node still carrying it counts as starting) no pod ever makes a GPU pool grow
+        f"--startup-taint={PREFLIGHT_TAINT_KEY}",
         "--skip-nodes-with-local-storage=false",  # training pods use emptyDir scratch; they must not pin nodes
         "--leader-elect=true",
         f"--leader-elect-resource-namespace={NAMESPACE}",
