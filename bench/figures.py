@@ -10,6 +10,7 @@ tree that has changed since (another rule count, object count or resource count)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -141,6 +142,7 @@ def summary_table() -> str:
         ),
         *_join_flow_rows(),
         *_gang_rows(),
+        *_autoscaler_rows(),
         *_agents_rows(),
         *_real_nodes_rows(),
         (
@@ -222,6 +224,54 @@ def _gang_rows() -> list[tuple[str, str, str]]:
             f"{each(gang, 'pods_bound_per_s', '.1f')} vs {each(default, 'pods_bound_per_s', '.1f')}; "
             f"{each(gang, 'first_to_last_bind_s', '.2f')} s",
             "gang.json",
+        ),
+    ]
+
+
+def _autoscaler_rows() -> list[tuple[str, str, str]]:
+    """A 1,000-node scale-up by the real cluster-autoscaler, kwok provider (bench/autoscaler.py)."""
+    run = results("autoscaler")
+    by = {r["setting"]: r for r in run["runs"]}
+    flag, base = by["flagship"], by["defaults"]
+
+    def loops(r: dict[str, Any]) -> list[float]:
+        """When each scale-up loop began: a loop sets each scale set's size at most once, so a set
+        set again starts the next loop."""
+        starts: list[float] = []
+        seen: set[str] = set()
+        for d in r["decisions"]:
+            if not starts or d["group"] in seen:
+                starts.append(d["s"])
+                seen = set()
+            seen.add(d["group"])
+        return starts
+
+    def spacing(r: dict[str, Any]) -> str:
+        starts = loops(r)
+        gaps = [b - a for a, b in itertools.pairwise(starts)]
+        return f"{len(starts)} loop{'s' if len(starts) != 1 else ''}" + (
+            f", {min(gaps):.1f}-{max(gaps):.1f} s apart" if gaps else ""
+        )
+
+    def took(r: dict[str, Any]) -> str:
+        return f"{r['seconds_to_all_bound'] / 60:.1f} min" if r["seconds_to_all_bound"] else "unfinished"
+
+    return [
+        (
+            f"cluster-autoscaler {run['version']}: {flag['pods']:,} pending GPU pods, one node each: busiest "
+            "minute of nodes added, flagship settings / upstream defaults (formula without jitter; safe)",
+            f"{flag['busiest_minute_nodes']} / {base['busiest_minute_nodes']} nodes "
+            f"({flag['model_per_min']} / {base['model_per_min']}; safe {flag['safe_join_rate_per_minute']})",
+            "autoscaler.json",
+        ),
+        (
+            "the same scale-ups: the loops that scaled up (the formula: one every scan interval, 10 s); "
+            "creation -> every pod bound; busiest minute of joins "
+            f"with each decision spread over the flagship's {flag['jitter_s']} s jitter (formula)",
+            f"{spacing(flag)} / {spacing(base)}; {took(flag)} / {took(base)}; "
+            f"{flag['with_jitter_per_min']:.0f} ({flag['model_with_jitter_per_min']:.0f}) / "
+            f"{base['with_jitter_per_min']:.0f} ({base['model_with_jitter_per_min']:.0f}) nodes",
+            "autoscaler.json",
         ),
     ]
 

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from policies.rules import ALL_RULES
+from superkube.cluster import autoscaling
+from superkube.lab import autoscaler as ca_lab
 from superkube.lab import build
 from superkube.plan import engine as planning
 from superkube.plan import layer
@@ -83,6 +85,16 @@ def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) 
     if results["build"]["versions"] != pins:
         stale.append(
             f"build.json: built {results['build']['versions']}, today's pins {pins} (bench/build.py)"
+        )
+    scaled = json.loads((ROOT / "bench" / "results" / "autoscaler.json").read_text())
+    flags = autoscaling.flags(flagship_plan.spec, flagship_plan.cluster)
+    tuned = {a.removeprefix("--").partition("=")[0]: a.partition("=")[2] for a in flags}
+    tuned = {k: v for k, v in tuned.items() if k in ca_lab.TUNED}
+    ran = next(r for r in scaled["runs"] if r["setting"] == "flagship")
+    if scaled["version"] != autoscaling.VERSION or ran["flags"] != tuned:
+        stale.append(
+            f"autoscaler.json: {scaled['version']} with {ran['flags']}, today {autoscaling.VERSION} "
+            f"with {tuned} (bench/autoscaler.py)"
         )
     assert stale == []
 
