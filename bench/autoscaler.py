@@ -45,7 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from superkube.cluster import autoscaling, cloudinit, jobs  # noqa: E402
+from superkube.agents import preflight  # noqa: E402
+from superkube.cluster import autoscaling, jobs  # noqa: E402
 from superkube.lab import apiserver, kwok  # noqa: E402
 from superkube.lab import autoscaler as ca_lab  # noqa: E402
 from superkube.lab import gang as gang_lab  # noqa: E402
@@ -76,8 +77,8 @@ def worker_pods(spec: Any, count: int) -> list[dict[str, Any]]:
 
 
 class Preflight(threading.Thread):
-    """Lifts the preflight taint (and sets the label) on every Ready node, as the preflight pod does
-    when its checks pass: here at once."""
+    """On every Ready node, the preflight agent's own pass patch (`preflight.pass_patch`: taint and
+    label go, the result is recorded), as the preflight pod sends it when its checks pass: here at once."""
 
     def __init__(self, api: apiserver.LocalApi) -> None:
         super().__init__(daemon=True)
@@ -94,21 +95,27 @@ class Preflight(threading.Thread):
             log(f"preflight stand-in stopped: {exc.__class__.__name__}")
 
     def _run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
         while not self.stop.wait(0.5):
-            for node in self.core.list_node().items:
-                taints = node.spec.taints or []
-                if not any(t.key == cloudinit.PREFLIGHT_TAINT_KEY for t in taints):
+            for item in self.core.list_node().items:
+                node = self.core.api_client.sanitize_for_serialization(item)
+                if not preflight.pending(node) or not _ready(node):
                     continue
-                ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-                if not ready:
+                try:
+                    self.core.patch_node(
+                        item.metadata.name, preflight.pass_patch(node, "lab: passed at once")
+                    )
+                except ApiException as exc:
+                    if exc.status != 422:  # 422: the node changed since it was read; next round
+                        raise
                     continue
-                kept = [t.to_dict() for t in taints if t.key != cloudinit.PREFLIGHT_TAINT_KEY]
-                body = {
-                    "metadata": {"labels": {cloudinit.PREFLIGHT_TAINT_KEY: "passed"}},
-                    "spec": {"taints": kept},
-                }
-                self.core.patch_node(node.metadata.name, body)
                 self.lifted += 1
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def busiest_minute(times: Sequence[float]) -> int:
@@ -201,7 +208,7 @@ def run_setting(plan: Any, name: str, flags: list[str], nodes: int, work: Path) 
     jitter = spec.autoscaler_join_jitter_seconds
     return {
         "setting": name,
-        "flags": {f.partition("=")[0].lstrip("-"): f.partition("=")[2] for f in flags if _name(f) in ca_lab.TUNED},
+        "flags": {ca_lab.flag_name(f): f.partition("=")[2] for f in flags if ca_lab.flag_name(f) in ca_lab.TUNED},
         "pods": nodes,
         "bound": bound,
         "seconds_to_all_bound": round((done - created).total_seconds(), 1) if bound == nodes else None,
@@ -224,12 +231,8 @@ def run_setting(plan: Any, name: str, flags: list[str], nodes: int, work: Path) 
     }  # fmt: skip
 
 
-def _name(arg: str) -> str:
-    return arg.removeprefix("--").partition("=")[0]
-
-
 def _flag(flags: Sequence[str], name: str, default: str) -> str:
-    return next((f.partition("=")[2] for f in flags if _name(f) == name), default)
+    return next((f.partition("=")[2] for f in flags if ca_lab.flag_name(f) == name), default)
 
 
 def _per_minute(times: Sequence[float]) -> list[int]:

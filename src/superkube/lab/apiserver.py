@@ -184,6 +184,17 @@ class LocalApi:
         self.processes.clear()
 
 
+def terminate(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout_s`; nothing when it has already exited."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def die_with_parent() -> None:
     """In the child: SIGTERM when the process that started it dies, however it dies (a killed test
     run must not leave an API server behind)."""

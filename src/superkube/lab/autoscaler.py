@@ -162,14 +162,15 @@ def provider_objects(sets: Sequence[ScaleSet], user: str = autoscaling.USER) -> 
     ]  # fmt: skip
 
 
-def _name(arg: str) -> str:
+def flag_name(arg: str) -> str:
+    """`--name=value` -> `name`."""
     return arg.removeprefix("--").partition("=")[0]
 
 
 def lab_args(flags: Sequence[str], kubeconfig: Path, metrics_port: int) -> list[str]:
     """The plan's command line with the lab's provider (see the module doc), its kubeconfig, and
     metrics on loopback."""
-    kept = [f for f in flags if _name(f) not in ("cloud-provider", "node-group-auto-discovery")]
+    kept = [f for f in flags if flag_name(f) not in ("cloud-provider", "node-group-auto-discovery")]
     return [
         "--cloud-provider=kwok",
         *kept,
@@ -180,7 +181,7 @@ def lab_args(flags: Sequence[str], kubeconfig: Path, metrics_port: int) -> list[
 
 def upstream_defaults(flags: Sequence[str]) -> list[str]:
     """`flags` less the plan's scale-up settings (`TUNED`): the release's defaults for those."""
-    return [f for f in flags if _name(f) not in TUNED]
+    return [f for f in flags if flag_name(f) not in TUNED]
 
 
 @dataclass(frozen=True)
@@ -227,13 +228,7 @@ class Autoscaler:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        apiserver.terminate(self.process, 30)
 
 
 def start(

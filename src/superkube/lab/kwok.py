@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from superkube.lab import build
+from superkube.lab import apiserver, build
 from superkube.lab.apiserver import die_with_parent
 from superkube.lab.errors import LabError
 
@@ -188,13 +188,7 @@ class Kwok:
         return self.process.poll() is None
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        apiserver.terminate(self.process, 15)
 
 
 def start(
