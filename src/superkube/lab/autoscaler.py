@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from superkube.cluster import autoscaling
-from superkube.lab import apiserver, kwok
+from superkube.lab import apiserver, gang, kwok
 from superkube.lab.errors import LabError
 
 KWOK_CONFIG = "kwok-provider-config"
@@ -42,8 +42,9 @@ SCALE_SET_ANNOTATION = "superkube.io/lab-scale-set"
 GROUP_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"
 """What the kwok provider writes on the Nodes it creates: their node group."""
 LAB_RBAC = "superkube-lab-kwok-provider"
-TEMPLATE_CAPACITY = {"cpu": "96", "memory": "1900Gi", "pods": "110"}
-"""What Azure's provider reads from the GPU pool's SKU (Standard_ND96isr_H100_v5) rather than tags."""
+TEMPLATE_CAPACITY = {k: v for k, v in gang.GPU_CAPACITY.items() if k != "nvidia.com/gpu"}
+"""What Azure's provider reads from the GPU pool's SKU rather than tags: the lab's GPU node's (the GPUs
+come from the tags)."""
 CACHE = Path(os.environ.get("SUPERKUBE_BUILD_CACHE", "/var/cache/superkube/build"))
 
 TUNED = (
