@@ -1,0 +1,187 @@
+"""The scale-up governor's decisions, and its bound against an autoscaler that takes every node it may.
+
+The status text is the shape cluster-autoscaler 1.35.2 writes (the reading beside this file was
+taken from the real autoscaler in the lab's scale-up benchmark). The bound is checked by simulation:
+an autoscaler that sees max sizes only at its provider's refresh and then asks for any part of the
+room it sees, at any second, against the governor's rounds at their own cadence."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+
+from superkube.agents import scale_governor as gov
+from superkube.cluster import autoscaling
+from superkube.lab import apiserver
+from superkube.lab import autoscaler as ca_lab
+from superkube.lab.apiserver import LocalApi
+from superkube.plan.engine import Plan
+from tests.agents.conftest import apply
+
+READING = Path(__file__).parent / "readings" / "cluster-autoscaler-status-1.35.2.yaml"
+
+
+def group(name: str, target: int, max_seen: int, unready: int = 0, long_unregistered: int = 0) -> gov.Group:
+    return gov.Group(name, target, max_seen, target, unready, long_unregistered)
+
+
+def test_the_status_the_real_autoscaler_wrote_reads_as_its_groups() -> None:
+    groups = gov.parse_status(READING.read_text())
+    raw = yaml.safe_load(READING.read_text())["nodeGroups"]
+    assert [g.name for g in groups] == [g["name"] for g in raw] and groups
+    for g, r in zip(groups, raw, strict=True):
+        assert g.target == r["health"]["cloudProviderTarget"]
+        assert g.max_seen == r["health"]["maxSize"]
+        assert g.registered == r["health"]["nodeCounts"]["registered"]["total"]
+
+
+@pytest.mark.parametrize(
+    "text", ["nodeGroups: [{name: a}]", "nodeGroups: [{name: a, health: {maxSize: x}}]", "- ["]
+)
+def test_a_status_of_another_shape_is_an_error_not_a_guess(text: str) -> None:
+    with pytest.raises(gov.StatusError, match="nodeGroups"):
+        gov.parse_status(text)
+
+
+def test_the_budget_splits_the_safe_rate_over_the_refreshes_a_minute_touches() -> None:
+    assert gov.budget(300, 60) == 150  # Azure's one-minute refresh: a minute touches two
+    assert gov.budget(300, 30) == 100
+    assert gov.budget(300, 10) == 42  # seven refreshes: 300 // 7
+
+
+def test_the_room_goes_to_the_groups_the_autoscaler_filled() -> None:
+    ceilings = {"a": 900, "b": 900, "c": 900}
+    maxes = gov.decide([group("a", 40, 40), group("b", 10, 30), group("c", 40, 40)], ceilings, 100, 50)
+    assert maxes == {"a": 90, "b": 10, "c": 90}  # b was not full: its unused room closes
+
+
+def test_with_none_full_every_group_gets_an_even_share() -> None:
+    maxes = gov.decide([group(n, 0, 10) for n in "abc"], dict.fromkeys("abc", 900), 100, 50)
+    assert sorted(maxes.values()) == [33, 33, 34] and sum(maxes.values()) == 100
+
+
+def test_no_group_passes_its_ceiling_and_the_rest_takes_its_share() -> None:
+    maxes = gov.decide([group("a", 95, 95), group("b", 0, 0)], {"a": 100, "b": 900}, 100, 50)
+    assert maxes == {"a": 100, "b": 95}
+
+
+def test_no_room_while_too_many_nodes_are_not_joining() -> None:
+    groups = [group("a", 60, 60, unready=30), group("b", 60, 60, long_unregistered=21)]
+    assert gov.decide(groups, {"a": 900, "b": 900}, 100, 50) == {"a": 60, "b": 60}
+    assert gov.decide(groups, {"a": 900, "b": 900}, 100, 51) == {"a": 110, "b": 110}
+
+
+def test_a_max_is_never_set_under_the_target_and_ungoverned_groups_are_left_alone() -> None:
+    maxes = gov.decide([group("a", 120, 150), group("cpu", 3, 3)], {"a": 100}, 100, 50)
+    assert maxes == {"a": 120}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.writes: list[dict[str, int]] = []
+
+    def set_max(self, sizes: Mapping[str, int]) -> None:
+        self.writes.append(dict(sizes))
+
+
+def status(groups: list[gov.Group]) -> str:
+    return yaml.safe_dump({"nodeGroups": [
+        {"name": g.name, "health": {"cloudProviderTarget": g.target, "maxSize": g.max_seen,
+                                    "nodeCounts": {"registered": {"total": g.registered, "ready": g.registered}}}}
+        for g in groups
+    ]})  # fmt: skip
+
+
+def test_a_round_writes_only_the_maxes_that_change() -> None:
+    seen = [[group("a", 0, 900), group("b", 0, 900)]]
+    sizes = Recorder()
+    g = gov.Governor(lambda: status(seen[0]), sizes, {"a": 900, "b": 900}, 300, 50)
+    g.once()
+    assert sizes.writes == [{"a": 75, "b": 75}]
+    g.once()
+    assert len(sizes.writes) == 1  # nothing moved
+    seen[0] = [group("a", 75, 75), group("b", 0, 75)]
+    g.once()
+    assert sizes.writes[-1] == {"a": 225, "b": 0}
+
+
+def test_a_round_before_the_autoscaler_reported_does_nothing() -> None:
+    sizes = Recorder()
+    assert gov.Governor(lambda: None, sizes, {"a": 9}, 300, 50).once() is None and sizes.writes == []
+
+
+def simulate(
+    seed: int, safe: int, refresh: int, interval: int, minutes: int = 40
+) -> tuple[list[tuple[int, int]], dict[str, int], dict[str, int]]:
+    """An autoscaler that sees the tags at each refresh and asks for a random part (often all) of its
+    room at random seconds; the governor's rounds (`decide` on what the status says) at their own
+    offset. Returns (second, nodes asked) pairs, the final targets and the ceilings."""
+    rng = random.Random(seed)
+    ceilings = {f"g{i}": rng.randint(50, 900) for i in range(rng.randint(1, 6))}
+    room = gov.budget(safe, refresh)
+    tags = gov.initial_maxes(ceilings, {}, room)
+    target = dict.fromkeys(ceilings, 0)
+    seen = dict(tags)
+    asks: list[tuple[int, int]] = []
+    r_off, g_off = rng.randrange(refresh), rng.randrange(interval)
+    for t in range(minutes * 60):
+        if t % refresh == r_off:
+            seen = dict(tags)
+        if t % interval == g_off:
+            tags = gov.decide([group(n, target[n], seen[n]) for n in ceilings], ceilings, room, 50)
+        if rng.random() < 0.3:
+            for n in ceilings:
+                free = seen[n] - target[n]
+                if free > 0:
+                    take = free if rng.random() < 0.6 else rng.randint(1, free)
+                    target[n] += take
+                    asks.append((t, take))
+    return asks, target, ceilings
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_no_minute_sees_more_than_the_safe_rate_and_every_group_fills(seed: int) -> None:
+    refresh, interval = random.Random(seed).choice([(60, 10), (60, 60), (30, 10), (10, 5)])
+    asks, target, ceilings = simulate(seed, 300, refresh, interval)
+    per_second = [0] * (max(t for t, _ in asks) + 61)
+    for t, n in asks:
+        per_second[t] += n
+    busiest = max(sum(per_second[s : s + 60]) for s in range(len(per_second) - 59))
+    assert 0 < busiest <= 300, (refresh, interval)
+    assert target == ceilings  # the governor slows a scale-up; it never stops one short
+
+
+def test_in_the_lab_a_round_reads_the_real_status_and_writes_the_kwok_templates(
+    api: LocalApi, flagship_plan: Plan
+) -> None:
+    """Against the real API server: the governor's lab side reads the status ConfigMap the autoscaler
+    writes and sets max-count on exactly the templates of the groups it changes."""
+    sets = ca_lab.scale_sets(flagship_plan, pool="gpu")
+    apply(api, *[o for o in ca_lab.provider_objects(sets) if o["kind"] == "ConfigMap"])
+    assert ca_lab.read_status(api) is None  # the autoscaler has not written it yet
+    reading = READING.read_text()
+    apply(api, {"apiVersion": "v1", "kind": "ConfigMap", "data": {"status": reading},
+                "metadata": {"name": gov.STATUS_CONFIGMAP, "namespace": autoscaling.NAMESPACE}})  # fmt: skip
+    ceilings = {s.name: s.max for s in sets}
+    governor = gov.Governor(lambda: ca_lab.read_status(api), ca_lab.KwokMaxSizes(api), ceilings, 300, 50)
+    governor.last = dict(ceilings)
+    round_ = governor.once()
+    assert round_ is not None and round_.changed
+    want = gov.decide(gov.parse_status(reading), ceilings, gov.budget(300), 50)
+    cm = json.loads(
+        apiserver.kubectl(
+            api, "get", "configmap", ca_lab.KWOK_TEMPLATES, "-n", autoscaling.NAMESPACE, "-o", "json"
+        )
+    )
+    written = {
+        t["metadata"]["annotations"][ca_lab.SCALE_SET_ANNOTATION]: int(
+            t["metadata"]["annotations"][ca_lab.MAX_ANNOTATION]
+        )
+        for t in json.loads(cm["data"]["templates"])["items"]
+    }
+    assert written == {**ceilings, **want} and written != ceilings
