@@ -31,6 +31,7 @@ same settings, times 60.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from superkube.agents import preflight  # noqa: E402
+from superkube.agents import scale_governor as gov  # noqa: E402
 from superkube.cluster import autoscaling, jobs  # noqa: E402
 from superkube.lab import apiserver, kwok  # noqa: E402
 from superkube.lab import autoscaler as ca_lab  # noqa: E402
@@ -145,9 +147,16 @@ def with_jitter(decisions: Sequence[tuple[float, int]], jitter_s: float) -> floa
     return round(best, 1)
 
 
-def run_setting(plan: Any, name: str, flags: list[str], nodes: int, work: Path) -> dict[str, Any]:
+def run_setting(
+    plan: Any, name: str, flags: list[str], nodes: int, work: Path, governed: bool
+) -> dict[str, Any]:
     spec = plan.spec
     sets = ca_lab.scale_sets(plan, pool="gpu")
+    ceilings = {s.name: s.max for s in sets}
+    room = gov.budget(spec.safe_join_rate_per_minute)
+    if governed:  # the groups start where the governor starts them, not at the plan's max
+        start = gov.initial_maxes(ceilings, {}, room)
+        sets = [dataclasses.replace(s, max=start[s.name]) for s in sets]
     config, sched_flags = gang_lab.scheduler(checks.plan_wiring(plan))
     with (
         apiserver.running(work / name / "api", log) as api,
@@ -170,6 +179,12 @@ def run_setting(plan: Any, name: str, flags: list[str], nodes: int, work: Path) 
             )
             preflight = Preflight(api)
             preflight.start()
+            governor = gov.Governor(lambda: ca_lab.read_status(api), ca_lab.KwokMaxSizes(api), ceilings,
+                                    spec.safe_join_rate_per_minute, spec.autoscaler_ok_total_unready_count)  # fmt: skip
+            governor.last = {s.name: s.max for s in sets}
+            thread = threading.Thread(target=governor.run, daemon=True)
+            if governed:
+                thread.start()
             created = datetime.now(UTC)
             pods = worker_pods(spec, nodes)
             for i in range(0, nodes, 250):
@@ -189,6 +204,8 @@ def run_setting(plan: Any, name: str, flags: list[str], nodes: int, work: Path) 
                 time.sleep(2)
             done = datetime.now(UTC)
             preflight.stop.set()
+            governor.stop.set()
+            (work / name / "status.yaml").write_text(ca_lab.read_status(api) or "")
             decisions = ca_lab.scale_ups(ca.log(), created.year)
             refused = [r for r in api.requests(autoscaling.USER) if r["code"] == 403]
             dead = "" if ca.alive() else ca.log().strip().splitlines()[-3:]
@@ -226,6 +243,10 @@ def run_setting(plan: Any, name: str, flags: list[str], nodes: int, work: Path) 
         "model_with_jitter_per_min": round(60 * autoscaling.peak_join_rate_per_second(nodes, per_scaleup, scan, jitter), 1),
         "with_jitter_per_min": with_jitter(steps, jitter) if steps else 0.0,
         "jitter_s": jitter,
+        "governed": governed,
+        "governor_room_per_refresh": room if governed else None,
+        "governor_writes": sum(1 for r in governor.rounds if r.changed),
+        "governor_held_rounds": sum(r.held for r in governor.rounds),
         "refused_requests": refused[:20],
         "autoscaler_died": dead,
     }  # fmt: skip
@@ -247,18 +268,20 @@ def _per_minute(times: Sequence[float]) -> list[int]:
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--nodes", type=int, default=1000)
-    p.add_argument("--settings", default="flagship,defaults")
+    p.add_argument("--settings", default="flagship,defaults,governed")
     p.add_argument("--keep", action="store_true", help="keep the runs' folders (logs) and say where")
     args = p.parse_args()
     ca_lab.binary()  # says how to build it, before anything starts
     plan = planning.run(ROOT, "flagship")
     flags = autoscaling.flags(plan.spec, plan.cluster)
-    settings = {"flagship": flags, "defaults": ca_lab.upstream_defaults(flags)}
+    settings = {"flagship": flags, "defaults": ca_lab.upstream_defaults(flags), "governed": flags}
     work = Path(tempfile.mkdtemp(prefix="autoscaler-bench-"))
     rows = []
     try:
         for name in args.settings.split(","):
-            rows.append(run_setting(plan, name, settings[name], args.nodes, work))
+            rows.append(
+                run_setting(plan, name, settings[name], args.nodes, work, governed=name == "governed")
+            )
             log(json.dumps({k: v for k, v in rows[-1].items() if k not in ("decisions", "per_minute")}))
     finally:
         if args.keep:

@@ -232,7 +232,7 @@ def _autoscaler_rows() -> list[tuple[str, str, str]]:
     """A 1,000-node scale-up by the real cluster-autoscaler, kwok provider (bench/autoscaler.py)."""
     run = results("autoscaler")
     by = {r["setting"]: r for r in run["runs"]}
-    flag, base = by["flagship"], by["defaults"]
+    flag, base, gov = by["flagship"], by["defaults"], by["governed"]
 
     def loops(r: dict[str, Any]) -> list[float]:
         """When each scale-up loop began: a loop sets each scale set's size at most once, so a set
@@ -271,6 +271,14 @@ def _autoscaler_rows() -> list[tuple[str, str, str]]:
             f"{spacing(flag)} / {spacing(base)}; {took(flag)} / {took(base)}; "
             f"{flag['with_jitter_per_min']:.0f} ({flag['model_with_jitter_per_min']:.0f}) / "
             f"{base['with_jitter_per_min']:.0f} ({base['model_with_jitter_per_min']:.0f}) nodes",
+            "autoscaler.json",
+        ),
+        (
+            "the same scale-up with the flagship settings and the scale-up governor (room for "
+            f"{gov['governor_room_per_refresh']} nodes per one-minute provider refresh): busiest minute of nodes "
+            "added (safe); the loops that scaled up; creation -> every pod bound; max-size writes",
+            f"{gov['busiest_minute_nodes']} nodes (safe {gov['safe_join_rate_per_minute']}); {spacing(gov)}; "
+            f"{took(gov)}; {gov['governor_writes']} writes",
             "autoscaler.json",
         ),
     ]

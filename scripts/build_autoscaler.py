@@ -11,11 +11,19 @@ was), checks the release's own version constant, makes the one lab change below,
 `go build -tags kwok` (only the kwok provider compiled in) into the lab's build cache, where
 `superkube.lab.autoscaler.binary()` finds it. Go fetches the modules the release's go.mod names.
 
-The lab change: the kwok provider creates each Node of a scale-up with its own API client, which
+Two lab changes, both in the kwok provider, each making it behave as Azure's provider does:
+
+1. The kwok provider creates each Node of a scale-up with its own API client, which
 client-go limits to 5 requests a second, so 1,000 nodes would take 200 s to appear whatever the
 autoscaler decided. On Azure a scale-up is one call that sets a scale set's capacity. The build
 lifts that client's limit (a negative QPS turns client-go's limiter off), so the lab's nodes appear
-when the autoscaler asks for them. Nothing else in the release changes.
+when the autoscaler asks for them.
+2. The kwok provider reads a node group's max-count from its template once, at start. Azure's
+   provider re-reads a scale set's `max` tag at every refresh of its cache (one minute), which is
+   what the scale-up governor (`superkube.agents.scale_governor`) acts through. The build adds
+   `REFRESH_GO`: at each `Refresh` it re-reads the templates' max-count once `SUPERKUBE_LAB_REFRESH_S`
+   seconds (default 60, Azure's) have passed since it last did.
+Nothing else in the release changes.
 """
 
 from __future__ import annotations
@@ -38,6 +46,50 @@ from superkube.lab import autoscaler  # noqa: E402
 PROVIDER = "cloudprovider/kwok/kwok_provider.go"
 ANCHOR = "\tkubeClient := kubeclient.NewForConfigOrDie(restConfig)\n"
 LAB_CHANGE = "\trestConfig.QPS = -1 // superkube lab: a scale-up's nodes appear at once, as on Azure\n"
+REFRESH_ANCHOR = "\t\tng.targetSize = targetSizeInCluster[ng.Id()]\n\t}\n"
+REFRESH_CALL = "\tkwok.superkubeRefreshMax() // superkube lab: re-read max sizes, as Azure's provider does\n"
+REFRESH_GO = """package kwok
+
+// superkube lab: re-read each node group's max-count from the templates ConfigMap at most every
+// SUPERKUBE_LAB_REFRESH_S seconds (60 by default), as Azure's provider re-reads a scale set's
+// max tag at each refresh of its cache.
+
+import (
+\t"os"
+\t"strconv"
+\t"time"
+
+\t"k8s.io/klog/v2"
+)
+
+var superkubeLastRead time.Time
+
+func (kwok *KwokCloudProvider) superkubeRefreshMax() {
+\tevery := 60 * time.Second
+\tif s, err := strconv.Atoi(os.Getenv("SUPERKUBE_LAB_REFRESH_S")); err == nil && s >= 0 {
+\t\tevery = time.Duration(s) * time.Second
+\t}
+\tif kwok.config.ReadNodesFrom != nodeTemplatesFromConfigMap || time.Since(superkubeLastRead) < every {
+\t\treturn
+\t}
+\ttemplates, err := LoadNodeTemplatesFromConfigMap(kwok.config.ConfigMap.Name, kwok.kubeClient)
+\tif err != nil {
+\t\tklog.Errorf("superkube lab: cannot re-read node group max sizes: %v", err)
+\t\treturn
+\t}
+\tsuperkubeLastRead = time.Now()
+\tfor _, no := range templates {
+\t\tname := getNGName(no, kwok.config)
+\t\tread := parseAnnotations(no, kwok.config)
+\t\tfor _, ng := range kwok.nodeGroups {
+\t\t\tif ng.Id() == name && ng.maxSize != read.maxSize {
+\t\t\t\tklog.Infof("superkube lab: node group %s max size %d -> %d", name, ng.maxSize, read.maxSize)
+\t\t\t\tng.maxSize = read.maxSize
+\t\t\t}
+\t\t}
+\t}
+}
+"""
 
 
 def fail(message: str) -> None:
@@ -51,7 +103,7 @@ def main() -> int:
     p.add_argument("--version", default=autoscaling.VERSION)
     args = p.parse_args()
     tag = f"cluster-autoscaler-{args.version}"
-    out = autoscaler.CACHE / "cluster-autoscaler" / f"v{args.version}" / "bin" / "cluster-autoscaler"
+    out = autoscaler.binary_path(args.version)
     with tempfile.TemporaryDirectory(prefix="ca-build-") as scratch:
         archive = subprocess.run(
             ["git", f"--git-dir={args.autoscaler / '.git'}" if (args.autoscaler / ".git").exists()
@@ -69,7 +121,13 @@ def main() -> int:
         text = provider.read_text()
         if text.count(ANCHOR) != 1:
             fail(f"{PROVIDER} at {tag} no longer builds its client where this script expects: update ANCHOR")
-        provider.write_text(text.replace(ANCHOR, LAB_CHANGE + ANCHOR))
+        if text.count(REFRESH_ANCHOR) != 1:
+            fail(
+                f"{PROVIDER} at {tag} no longer sets target sizes in Refresh as expected: update REFRESH_ANCHOR"
+            )
+        text = text.replace(ANCHOR, LAB_CHANGE + ANCHOR)
+        provider.write_text(text.replace(REFRESH_ANCHOR, REFRESH_ANCHOR + REFRESH_CALL))
+        (provider.parent / "kwok_superkube_lab.go").write_text(REFRESH_GO)
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
         print(f"building cluster-autoscaler {args.version} (kwok provider) into {out}", file=sys.stderr)

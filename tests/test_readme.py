@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from policies.rules import ALL_RULES
+from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.lab import autoscaler as ca_lab
 from superkube.lab import build
@@ -91,6 +92,11 @@ def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) 
     tuned = {a.removeprefix("--").partition("=")[0]: a.partition("=")[2] for a in flags}
     tuned = {k: v for k, v in tuned.items() if k in ca_lab.TUNED}
     ran = next(r for r in scaled["runs"] if r["setting"] == "flagship")
+    governed = next(r for r in scaled["runs"] if r["setting"] == "governed")
+    room = scale_governor.budget(flagship_plan.spec.safe_join_rate_per_minute)
+    if governed["flags"] != tuned or governed["governor_room_per_refresh"] != room:
+        stale.append(f"autoscaler.json: the governed run had room {governed['governor_room_per_refresh']}, "
+                     f"today {room} (bench/autoscaler.py)")  # fmt: skip
     if scaled["version"] != autoscaling.VERSION or ran["flags"] != tuned:
         stale.append(
             f"autoscaler.json: {scaled['version']} with {ran['flags']}, today {autoscaling.VERSION} "

@@ -39,6 +39,7 @@ KWOK_CONFIG = "kwok-provider-config"
 KWOK_TEMPLATES = "kwok-provider-templates"
 SCALE_SET_ANNOTATION = "superkube.io/lab-scale-set"
 """On each template Node: the scale set it stands for (how the kwok provider groups nodes)."""
+MAX_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/max-count"
 GROUP_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"
 """What the kwok provider writes on the Nodes it creates: their node group."""
 LAB_RBAC = "superkube-lab-kwok-provider"
@@ -59,9 +60,17 @@ TUNED = (
 Not `--startup-taint`: without it no GPU pool grows at all (`autoscaling.flags` says why)."""
 
 
+LAB_BUILD = 2
+"""Revision of the build script's lab changes: a binary built before a change is not found, not run."""
+
+
+def binary_path(version: str = autoscaling.VERSION) -> Path:
+    return CACHE / "cluster-autoscaler" / f"v{version}-lab{LAB_BUILD}" / "bin" / "cluster-autoscaler"
+
+
 def binary(version: str = autoscaling.VERSION) -> Path:
     """Where `scripts/build_autoscaler.py` puts the release's binary; LabError saying how when absent."""
-    path = CACHE / "cluster-autoscaler" / f"v{version}" / "bin" / "cluster-autoscaler"
+    path = binary_path(version)
     if not path.is_file():
         raise LabError(
             f"no cluster-autoscaler v{version} built at {path}: run scripts/build_autoscaler.py with a "
@@ -126,7 +135,7 @@ def template(s: ScaleSet) -> dict[str, Any]:
     body["metadata"]["annotations"].update({
         SCALE_SET_ANNOTATION: s.name,
         "cluster-autoscaler.kwok.nodegroup/min-count": str(s.min),
-        "cluster-autoscaler.kwok.nodegroup/max-count": str(s.max),
+        MAX_ANNOTATION: str(s.max),
     })  # fmt: skip
     return {**body, **status}
 
@@ -268,3 +277,47 @@ def running(
         yield ca
     finally:
         ca.stop()
+
+
+class KwokMaxSizes:
+    """The lab's stand-in for the scale sets' `max` tags that the governor writes on Azure: each
+    group's template's max-count in the kwok provider's templates ConfigMap, which the lab's build
+    re-reads as Azure's provider re-reads the tags (`scripts/build_autoscaler.py`). One update per
+    round; a conflict with another writer is read again and retried."""
+
+    def __init__(self, api: apiserver.LocalApi) -> None:
+        self.api = api
+
+    def set_max(self, sizes: Mapping[str, int]) -> None:
+        ns = autoscaling.NAMESPACE
+        for _ in range(5):
+            cm = json.loads(
+                apiserver.kubectl(self.api, "get", "configmap", KWOK_TEMPLATES, "-n", ns, "-o", "json")
+            )
+            templates = json.loads(cm["data"]["templates"])
+            for item in templates["items"]:
+                notes = item["metadata"]["annotations"]
+                if notes.get(SCALE_SET_ANNOTATION) in sizes:
+                    notes[MAX_ANNOTATION] = str(sizes[notes[SCALE_SET_ANNOTATION]])
+            cm["data"]["templates"] = json.dumps(templates)
+            try:  # the read's resourceVersion rides along: a write in between is a conflict
+                apiserver.kubectl(self.api, "replace", "-f", "-", stdin=json.dumps(cm))
+                return
+            except subprocess.CalledProcessError as exc:
+                if "modified" not in (exc.stderr or ""):
+                    raise LabError(
+                        f"the governor's update of the kwok templates failed: {exc.stderr.strip()}"
+                    ) from None
+        raise LabError(f"the kwok templates kept changing under the governor's update of {dict(sizes)}")
+
+
+def read_status(api: apiserver.LocalApi) -> str | None:
+    """The autoscaler's status ConfigMap's `status` text; None until it has written one."""
+    try:
+        out = apiserver.kubectl(api, "get", "configmap", "cluster-autoscaler-status", "-n", autoscaling.NAMESPACE,
+                                "-o", "jsonpath={.data.status}")  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        if "NotFound" in (exc.stderr or ""):
+            return None
+        raise LabError(f"cannot read the autoscaler's status: {(exc.stderr or '').strip()}") from None
+    return out or None
