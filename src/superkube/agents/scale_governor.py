@@ -104,8 +104,9 @@ def decide(
     """Each governed group's max for this round (groups not in `ceilings` are not governed).
 
     The room goes to the groups filled to the max the autoscaler sees, evenly (water-filling under
-    each ceiling); when none is full, to all of them. No room while more than `max_unready` nodes are
-    `stuck` (the autoscaler's own `--ok-total-unready-count` is the natural bound). A max is never set below the group's target."""
+    each ceiling); when none is full, to all of them. No room while more than `max_unready` nodes
+    are `stuck` (the autoscaler's own `--ok-total-unready-count` is the natural bound). A max is
+    never set below the group's target."""
     governed = [g for g in groups if g.name in ceilings]
     if stuck(governed) > max_unready:
         room = 0
