@@ -155,7 +155,7 @@ def run_setting(
     ceilings = {s.name: s.max for s in sets}
     room = gov.budget(spec.safe_join_rate_per_minute)
     if governed:  # the groups start where the governor starts them, not at the plan's max
-        start = gov.initial_maxes(ceilings, {}, room)
+        start = gov.initial_maxes(ceilings, {}, room, {s.name: s.min for s in sets})
         sets = [dataclasses.replace(s, max=start[s.name]) for s in sets]
     config, sched_flags = gang_lab.scheduler(checks.plan_wiring(plan))
     with (

@@ -65,9 +65,27 @@ def test_with_none_full_every_group_gets_an_even_share() -> None:
     assert sorted(maxes.values()) == [33, 33, 34] and sum(maxes.values()) == 100
 
 
-def test_no_group_passes_its_ceiling_and_the_rest_takes_its_share() -> None:
-    maxes = gov.decide([group("a", 95, 95), group("b", 0, 0)], {"a": 100, "b": 900}, 100, 50)
+def test_no_group_passes_its_ceiling_and_what_it_cannot_take_goes_to_the_others() -> None:
+    maxes = gov.decide([group("a", 95, 95), group("b", 0, 10)], {"a": 100, "b": 900}, 100, 50)
     assert maxes == {"a": 100, "b": 95}
+
+
+def test_a_group_that_took_its_room_gets_all_of_it_and_idle_groups_none() -> None:
+    ceilings = dict.fromkeys("abc", 900)
+    g = gov.Governor(lambda: None, Recorder(), ceilings, 300, 50)
+    g.plan([group("a", 10, 30), group("b", 5, 5), group("c", 5, 5)])
+    # a grew into the max it sees; b and c sit at theirs (closed, not wanting): all 150 go to a
+    assert g.plan([group("a", 30, 30), group("b", 5, 5), group("c", 5, 5)]) == {"a": 180, "b": 5, "c": 5}
+    # sitting below the max it sees without growing, it stops wanting: the room is shared again
+    assert g.plan([group("a", 30, 180), group("b", 5, 5), group("c", 5, 5)]) == {"a": 80, "b": 55, "c": 55}
+    # growing again (into the room it still sees), it takes it all
+    assert g.plan([group("a", 100, 180), group("b", 5, 5), group("c", 5, 5)]) == {"a": 250, "b": 5, "c": 5}
+
+
+def test_a_max_is_never_set_under_the_groups_min() -> None:
+    floor = gov.Group("cpu", 0, 16, 0, 0, 0, min_size=16)
+    assert gov.decide([floor], {"cpu": 64}, 0, 50) == {"cpu": 16}
+    assert gov.initial_maxes({"cpu": 64, "gpu": 900}, {}, 10, {"cpu": 16}) == {"cpu": 16, "gpu": 5}
 
 
 def test_no_room_while_too_many_nodes_are_not_joining() -> None:
@@ -120,10 +138,11 @@ def simulate(
 ) -> tuple[list[tuple[int, int]], dict[str, int], dict[str, int]]:
     """An autoscaler that sees the tags at each refresh and asks for a random part (often all) of its
     room at random seconds; the governor's rounds (`decide` on what the status says) at their own
-    offset. Returns (second, nodes asked) pairs, the final targets and the ceilings."""
+    offset (`Governor.plan`, as each round runs it). Returns (second, nodes asked) pairs, the final targets and the ceilings."""
     rng = random.Random(seed)
     ceilings = {f"g{i}": rng.randint(50, 900) for i in range(rng.randint(1, 6))}
     room = gov.budget(safe, refresh)
+    governor = gov.Governor(lambda: None, Recorder(), ceilings, safe, 50, refresh_s=refresh)
     tags = gov.initial_maxes(ceilings, {}, room)
     target = dict.fromkeys(ceilings, 0)
     seen = dict(tags)
@@ -133,7 +152,7 @@ def simulate(
         if t % refresh == r_off:
             seen = dict(tags)
         if t % interval == g_off:
-            tags = gov.decide([group(n, target[n], seen[n]) for n in ceilings], ceilings, room, 50)
+            tags = governor.plan([group(n, target[n], seen[n]) for n in ceilings])
         if rng.random() < 0.3:
             for n in ceilings:
                 free = seen[n] - target[n]
@@ -172,7 +191,7 @@ def test_in_the_lab_a_round_reads_the_real_status_and_writes_the_kwok_templates(
     governor.last = dict(ceilings)
     round_ = governor.once()
     assert round_ is not None and round_.changed
-    want = gov.decide(gov.parse_status(reading), ceilings, gov.budget(300), 50)
+    want = gov.Governor(lambda: None, Recorder(), ceilings, 300, 50).plan(gov.parse_status(reading))
     cm = json.loads(
         apiserver.kubectl(
             api, "get", "configmap", ca_lab.KWOK_TEMPLATES, "-n", autoscaling.NAMESPACE, "-o", "json"

@@ -12,18 +12,28 @@ What it does, every `interval` seconds:
   each node group, its target size, the max the autoscaler sees, and its unready and long
   unregistered nodes;
 - opens room for `budget(...)` new nodes in all (none while more than `max_unready` nodes are unready
-  or long unregistered: joins that do not finish mean the join path is struggling);
-- gives that room to the groups the autoscaler has filled to the max it sees (they want more),
-  evenly, none past its ceiling (the plan's max); when none is full, to every group evenly, so a
-  scale-up can start anywhere;
-- sets each group's max to its target plus its share (`decide`), where that changes the max.
+  or long unregistered: joins that do not finish mean the join path is struggling; the autoscaler
+  counts a node so only 15 minutes after it registered, or `--max-node-provision-time` after it was
+  asked for, so this brake is late by that much);
+- gives that room to the groups that want more (the autoscaler is growing them: their target rose
+  since the last round, and they have not since sat below the max they see without growing),
+  evenly, none past its ceiling (the plan's max); what they cannot take, and all of it when none
+  wants more, goes evenly to the others, so a scale-up can start anywhere;
+- sets each group's max to its target plus its share, never under its min (`decide`), where that
+  changes the max.
 
 The bound: between two refreshes the autoscaler can ask for at most the room it saw, and that room
 was opened above targets no larger than the ones it acts from, so it asks for at most `budget` nodes
 per refresh. A minute touches at most ceil(60 / refresh) + 1 refreshes, so `budget` is the safe rate
-split that many ways: with Azure's one-minute refresh, half the safe rate per refresh. A scale-down
-lowers targets under the room already seen; the autoscaler does not scale up and down at once, and
-the next round closes that room.
+split that many ways: with Azure's one-minute refresh, half the safe rate per refresh.
+
+What the bound assumes, and where it does not hold: targets do not fall between refreshes (a
+scale-down, or the autoscaler deleting nodes that never registered, reopens room above the budget
+until the next refresh sees the round that closed it); refreshes come at their interval (Azure's
+provider also refreshes early after a failed scale-set update, and `vmssCacheTTL` in its cloud
+config changes the interval: `refresh_s` must be that value); and a round's writes land together (a
+writer of several tags must write the lowered maxes before the raised ones). The tests' simulation
+models an autoscaler that keeps to these.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +65,7 @@ class Group:
     registered: int
     unready: int
     long_unregistered: int
+    min_size: int = 0
 
 
 class StatusError(ValueError):
@@ -79,6 +90,7 @@ def parse_status(text: str) -> list[Group]:
                     registered=int(registered.get("total", 0)),
                     unready=int((registered.get("unready") or {}).get("total", 0)),
                     long_unregistered=int(counts.get("longUnregistered", 0)),
+                    min_size=int(health.get("minSize", 0)),
                 )
             )
     except (yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -99,35 +111,48 @@ def stuck(groups: Sequence[Group]) -> int:
 
 
 def decide(
-    groups: Sequence[Group], ceilings: Mapping[str, int], room: int, max_unready: int
+    groups: Sequence[Group],
+    ceilings: Mapping[str, int],
+    room: int,
+    max_unready: int,
+    wanting: Collection[str] | None = None,
 ) -> dict[str, int]:
     """Each governed group's max for this round (groups not in `ceilings` are not governed).
 
-    The room goes to the groups filled to the max the autoscaler sees, evenly (water-filling under
-    each ceiling); when none is full, to all of them. No room while more than `max_unready` nodes
-    are `stuck` (the autoscaler's own `--ok-total-unready-count` is the natural bound). A max is
-    never set below the group's target."""
+    The room goes first to the groups that want more: those named in `wanting` (the `Governor` names
+    the ones the autoscaler is growing), or without it those filled to the max the autoscaler sees;
+    evenly, water-filling under each ceiling. What they cannot take goes evenly to the other groups
+    below their ceilings. No room while more than `max_unready` nodes are `stuck` (the
+    autoscaler's own `--ok-total-unready-count` is the natural bound). A max is never set below the
+    group's target or its min."""
     governed = [g for g in groups if g.name in ceilings]
     if stuck(governed) > max_unready:
         room = 0
-    full = [g for g in governed if g.target >= g.max_seen and g.target < ceilings[g.name]]
-    takers = full or [g for g in governed if g.target < ceilings[g.name]]
     share = {g.name: 0 for g in governed}
-    left = room
-    open_ = sorted(takers, key=lambda g: (ceilings[g.name] - g.target, g.name))
-    while left > 0 and open_:
-        each = max(1, left // len(open_))
-        still = []
-        for g in open_:
-            if left == 0:
-                break
-            give = min(each, left, ceilings[g.name] - g.target - share[g.name])
-            share[g.name] += give
-            left -= give
-            if g.target + share[g.name] < ceilings[g.name]:
-                still.append(g)
-        open_ = still
-    return {g.name: max(g.target, min(ceilings[g.name], g.target + share[g.name])) for g in governed}
+
+    def fill(takers: list[Group], left: int) -> int:
+        open_ = sorted(takers, key=lambda g: (ceilings[g.name] - g.target, g.name))
+        while left > 0 and open_:
+            each = max(1, left // len(open_))
+            still = []
+            for g in open_:
+                if left == 0:
+                    break
+                give = min(each, left, ceilings[g.name] - g.target - share[g.name])
+                share[g.name] += give
+                left -= give
+                if g.target + share[g.name] < ceilings[g.name]:
+                    still.append(g)
+            open_ = still
+        return left
+
+    below = [g for g in governed if g.target < ceilings[g.name]]
+    first = [g for g in below if (g.target >= g.max_seen if wanting is None else g.name in wanting)]
+    left = fill(first, room)
+    fill([g for g in below if g not in first], left)
+    return {
+        g.name: max(g.target, g.min_size, min(ceilings[g.name], g.target + share[g.name])) for g in governed
+    }
 
 
 class MaxSizes(Protocol):
@@ -169,13 +194,26 @@ class Governor:
         self.stop = threading.Event()
         self.rounds: list[Round] = []
         self.last: dict[str, int] = {}
+        self.targets: dict[str, int] = {}
+        self.wanting: set[str] = set()
+
+    def plan(self, groups: Sequence[Group]) -> dict[str, int]:
+        """This round's maxes. A group wants more while the autoscaler grows it (its target rose since
+        the last round), and stops when it sits below the max it sees without growing."""
+        for g in groups:
+            if g.target > self.targets.get(g.name, g.target):
+                self.wanting.add(g.name)
+            elif g.target < g.max_seen:
+                self.wanting.discard(g.name)
+        self.targets = {g.name: g.target for g in groups}
+        return decide(groups, self.ceilings, self.room, self.max_unready, self.wanting)
 
     def once(self) -> Round | None:
         text = self.read_status()
         if text is None:
             return None
         groups = parse_status(text)
-        maxes = decide(groups, self.ceilings, self.room, self.max_unready)
+        maxes = self.plan(groups)
         seen = {g.name: g.max_seen for g in groups}
         changed = {n: m for n, m in maxes.items() if self.last.get(n, seen.get(n)) != m}
         if changed:
@@ -203,12 +241,18 @@ class Governor:
             self.stop.wait(self.interval)
 
 
-def initial_maxes(ceilings: Mapping[str, int], targets: Mapping[str, int], room: int) -> dict[str, int]:
+def initial_maxes(
+    ceilings: Mapping[str, int],
+    targets: Mapping[str, int],
+    room: int,
+    floors: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """The max each group starts from before the autoscaler has reported: its current size plus an
-    even share of one round's room, so the first refresh cannot see a group's whole ceiling."""
+    even share of one round's room (never under its min, `floors`), so the first refresh cannot see
+    a group's whole ceiling."""
     names = sorted(ceilings)
     out = {}
     for i, name in enumerate(names):
         share = room // len(names) + (1 if i < room % len(names) else 0)
-        out[name] = min(ceilings[name], targets.get(name, 0) + share)
+        out[name] = max((floors or {}).get(name, 0), min(ceilings[name], targets.get(name, 0) + share))
     return out
