@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src")]
 
+from superkube.agents import scale_governor  # noqa: E402
 from superkube.cluster import autoscaling  # noqa: E402
 from superkube.lab import autoscaler  # noqa: E402
 
@@ -51,7 +52,7 @@ REFRESH_CALL = "\tkwok.superkubeRefreshMax() // superkube lab: re-read max sizes
 REFRESH_GO = """package kwok
 
 // superkube lab: re-read each node group's max-count from the templates ConfigMap at most every
-// SUPERKUBE_LAB_REFRESH_S seconds (60 by default), as Azure's provider re-reads a scale set's
+// SUPERKUBE_LAB_REFRESH_S seconds (by default the governor's PROVIDER_REFRESH_S), as Azure's provider re-reads a scale set's
 // max tag at each refresh of its cache.
 
 import (
@@ -65,7 +66,7 @@ import (
 var superkubeLastRead time.Time
 
 func (kwok *KwokCloudProvider) superkubeRefreshMax() {
-\tevery := 60 * time.Second
+\tevery := @REFRESH_SECONDS@ * time.Second
 \tif s, err := strconv.Atoi(os.Getenv("SUPERKUBE_LAB_REFRESH_S")); err == nil && s >= 0 {
 \t\tevery = time.Duration(s) * time.Second
 \t}
@@ -90,6 +91,7 @@ func (kwok *KwokCloudProvider) superkubeRefreshMax() {
 \t}
 }
 """
+REFRESH_GO = REFRESH_GO.replace("@REFRESH_SECONDS@", str(scale_governor.PROVIDER_REFRESH_S))
 
 
 def fail(message: str) -> None:

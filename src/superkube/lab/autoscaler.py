@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.lab import apiserver, gang, kwok
 from superkube.lab.errors import LabError
@@ -314,7 +315,7 @@ class KwokMaxSizes:
 def read_status(api: apiserver.LocalApi) -> str | None:
     """The autoscaler's status ConfigMap's `status` text; None until it has written one."""
     try:
-        out = apiserver.kubectl(api, "get", "configmap", "cluster-autoscaler-status", "-n", autoscaling.NAMESPACE,
+        out = apiserver.kubectl(api, "get", "configmap", scale_governor.STATUS_CONFIGMAP, "-n", autoscaling.NAMESPACE,
                                 "-o", "jsonpath={.data.status}")  # fmt: skip
     except subprocess.CalledProcessError as exc:
         if "NotFound" in (exc.stderr or ""):
