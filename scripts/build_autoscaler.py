@@ -81,12 +81,20 @@ func (kwok *KwokCloudProvider) superkubeRefreshMax() {
 \tsuperkubeLastRead = time.Now()
 \tfor _, no := range templates {
 \t\tname := getNGName(no, kwok.config)
-\t\tread := parseAnnotations(no, kwok.config)
+\t\tvalue := no.GetAnnotations()[NGMaxSizeAnnotation]
+\t\tmax, err := strconv.Atoi(value)
 \t\tfor _, ng := range kwok.nodeGroups {
-\t\t\tif ng.Id() == name && ng.maxSize != read.maxSize {
-\t\t\t\tklog.Infof("superkube lab: node group %s max size %d -> %d", name, ng.maxSize, read.maxSize)
-\t\t\t\tng.maxSize = read.maxSize
+\t\t\tif ng.Id() != name || (err == nil && ng.maxSize == max) {
+\t\t\t\tcontinue
 \t\t\t}
+\t\t\t// not upstream's parseAnnotations: it exits the process on a bad value, where Azure's
+\t\t\t// provider keeps the group as it was; so does this
+\t\t\tif err != nil || max < ng.minSize {
+\t\t\t\tklog.Errorf("superkube lab: node group %s: max-count %q is not a number >= min %d; keeping %d", name, value, ng.minSize, ng.maxSize)
+\t\t\t\tcontinue
+\t\t\t}
+\t\t\tklog.Infof("superkube lab: node group %s max size %d -> %d", name, ng.maxSize, max)
+\t\t\tng.maxSize = max
 \t\t}
 \t}
 }

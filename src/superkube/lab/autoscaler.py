@@ -61,7 +61,7 @@ TUNED = (
 Not `--startup-taint`: without it no GPU pool grows at all (`autoscaling.flags` says why)."""
 
 
-LAB_BUILD = 2
+LAB_BUILD = 3
 """Revision of the build script's lab changes: a binary built before a change is not found, not run."""
 
 
