@@ -152,11 +152,12 @@ def run_setting(
 ) -> dict[str, Any]:
     spec = plan.spec
     sets = ca_lab.scale_sets(plan, pool="gpu")
-    ceilings = {s.name: s.max for s in sets}
+    ceilings = {s.name: s.capacity for s in sets}
     room = gov.budget(spec.safe_join_rate_per_minute)
-    if governed:  # the groups start where the governor starts them, not at the plan's max
-        start = gov.initial_maxes(ceilings, {}, room, {s.name: s.min for s in sets})
-        sets = [dataclasses.replace(s, max=start[s.name]) for s in sets]
+    # governed, the groups start where the governor starts them (the plan's first max tags, here
+    # over the GPU pool's sets alone); without it the max tag is each set's capacity
+    start = gov.initial_maxes(ceilings, {}, room, {s.name: s.min for s in sets}) if governed else ceilings
+    sets = [dataclasses.replace(s, max=start[s.name]) for s in sets]
     config, sched_flags = gang_lab.scheduler(checks.plan_wiring(plan))
     with (
         apiserver.running(work / name / "api", log) as api,
@@ -179,7 +180,9 @@ def run_setting(
             )
             preflight = Preflight(api)
             preflight.start()
-            governor = gov.Governor(lambda: ca_lab.read_status(api), ca_lab.KwokMaxSizes(api), ceilings,
+            # the service's own reader, as its own user with the layer's Role for it (applied above)
+            reader = gov.KubeReader(api.client_kubeconfig("scale-governor", gov.USER))
+            governor = gov.Governor(reader.status, ca_lab.KwokMaxSizes(api), ceilings,
                                     spec.safe_join_rate_per_minute, spec.autoscaler_ok_total_unready_count)  # fmt: skip
             governor.last = {s.name: s.max for s in sets}
             thread = threading.Thread(target=governor.run, daemon=True)
@@ -205,7 +208,7 @@ def run_setting(
             done = datetime.now(UTC)
             preflight.stop.set()
             governor.stop.set()
-            (work / name / "status.yaml").write_text(ca_lab.read_status(api) or "")
+            (work / name / "status.yaml").write_text(reader.status() or "")
             decisions = ca_lab.scale_ups(ca.log(), created.year)
             refused = [r for r in api.requests(autoscaling.USER) if r["code"] == 403]
             dead = "" if ca.alive() else ca.log().strip().splitlines()[-3:]

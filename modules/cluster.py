@@ -19,6 +19,7 @@ from modules.network.hub import Hub, HubArgs
 from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
 from modules.platform.layer import InClusterLayer, InClusterLayerArgs
+from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
@@ -53,6 +54,21 @@ def etcd_clusters(plan: AddressPlan) -> tuple[tuple[Literal["main", "events"], t
 
 VIRTUAL_MACHINE_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
 """Azure's built-in role that may resize scale sets (and nothing outside VMs)."""
+TAG_CONTRIBUTOR = "4a9ae827-6dc8-4573-8ac7-8239d42aa03f"
+"""Built-in role: tags through the Tags API (Microsoft.Resources/tags/*), which Virtual Machine
+Contributor does not grant; the scale-up governor sets the scale sets' max tags so."""
+
+
+def governed_maxes(spec: ClusterSpec, plan: AddressPlan) -> dict[str, int] | None:
+    """Each autoscaled scale set's first `max` tag where the scale-up governor runs: its min plus an
+    even share of one refresh's room, so the autoscaler's first look cannot see a set's whole capacity.
+    None where it does not run (the tag is then the capacity)."""
+    ceilings = autoscaling.governor_settings(spec, plan).get("ceilings")
+    if not isinstance(ceilings, dict):
+        return None
+    floors = {s.name: s.min_nodes for pool in spec.node_pools for s in plan.pool_scale_sets(pool.name)}
+    room = scale_governor.budget(spec.safe_join_rate_per_minute)
+    return scale_governor.initial_maxes(ceilings, floors, room, floors)
 
 
 def standard_tags(spec: ClusterSpec, cluster: str) -> dict[str, str]:
@@ -136,6 +152,7 @@ class Cluster(pulumi.ComponentResource):
         # service the identity's client ID and the resource group it may act in.
         self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
         self.autoscaler_role: authorization.RoleAssignment | None = None
+        self.governor_role: authorization.RoleAssignment | None = None
         autoscaler_tags: dict[str, pulumi.Input[str]] = {}
         if spec.autoscaler_enabled:
             self.autoscaler_identity = managedidentity.UserAssignedIdentity(
@@ -146,20 +163,28 @@ class Cluster(pulumi.ComponentResource):
                 tags=tags,
                 opts=child(self),
             )
-            self.autoscaler_role = authorization.RoleAssignment(
-                f"{name}-autoscaler-role",
-                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler")),
-                principal_id=self.autoscaler_identity.principal_id,
-                principal_type="ServicePrincipal",
-                role_definition_id=subscription_id.apply(
-                    lambda sub: (
-                        f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/"
-                        + VIRTUAL_MACHINE_CONTRIBUTOR
-                    )
-                ),
-                scope=self.group.id,
-                opts=child(self),
-            )
+            identity = self.autoscaler_identity
+
+            def grant(what: str, role: str) -> authorization.RoleAssignment:
+                """`role` for the identity on the cluster's resource group (a stable assignment name)."""
+                return authorization.RoleAssignment(
+                    f"{name}-{what}-role",
+                    role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{what}")),
+                    principal_id=identity.principal_id,
+                    principal_type="ServicePrincipal",
+                    role_definition_id=subscription_id.apply(
+                        lambda sub: (
+                            f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/{role}"
+                        )
+                    ),
+                    scope=self.group.id,
+                    opts=child(self),
+                )
+
+            self.autoscaler_role = grant("autoscaler", VIRTUAL_MACHINE_CONTRIBUTOR)
+            if spec.autoscaler_governor:
+                # the governor beside it writes the scale sets' max tags as the same identity
+                self.governor_role = grant("governor", TAG_CONTRIBUTOR)
             autoscaler_tags = {
                 autoscaling.IDENTITY_TAG: self.autoscaler_identity.client_id,
                 autoscaling.SCOPE_TAG: self.group.id,
@@ -242,6 +267,7 @@ class Cluster(pulumi.ComponentResource):
                     autoscaler=spec.autoscaler_enabled,
                     tags=tags,
                     team=spec.pool_team(pool, cluster),
+                    initial_max=governed_maxes(spec, plan),
                     **login,
                 ),
                 opts=child(self),

@@ -48,6 +48,9 @@ class NodePoolArgs:
     """Tags on every scale set (default: none)."""
     team: str | None = None
     """The team whose taint the nodes register with, from the spec's teams (default: none)."""
+    initial_max: Mapping[str, int] | None = None
+    """Scale set name -> its first `max` tag, where the scale-up governor owns the tag after that
+    (`modules.cluster.governed_maxes`); None: the tag is the set's capacity and Pulumi keeps it so."""
 
     def __post_init__(self) -> None:
         require(bool(self.scale_sets), "scale_sets", "a pool needs at least one scale set")
@@ -66,13 +69,19 @@ class NodePoolArgs:
 
 
 def autoscaler_tags(
-    cluster: str, pool: PoolSpec, plan: ScaleSetPlan, labels: Mapping[str, str], taints: Sequence[str]
+    cluster: str,
+    pool: PoolSpec,
+    plan: ScaleSetPlan,
+    labels: Mapping[str, str],
+    taints: Sequence[str],
+    max_nodes: int | None = None,
 ) -> dict[str, str]:
-    """Discovery, bounds and the node template cluster-autoscaler needs to scale a set from zero."""
+    """Discovery, bounds and the node template cluster-autoscaler needs to scale a set from zero.
+    `max_nodes`: the first max where the governor raises it step by step (default: the capacity)."""
     tags = {
         **discovery_tags(cluster),
         "min": str(plan.min_nodes),
-        "max": str(plan.capacity),
+        "max": str(plan.capacity if max_nodes is None else max_nodes),
     }
     for key, value in labels.items():
         tags[template_tag("label", key)] = value
@@ -135,8 +144,10 @@ class NodePool(pulumi.ComponentResource):
             if pool.egress_limit_bits:
                 # read back by the node's CNI config writer from instance metadata at boot
                 tags[EGRESS_TAG] = str(pool.egress_limit_bits)
+            governed = args.autoscaler and args.initial_max is not None
             if args.autoscaler:
-                tags.update(autoscaler_tags(args.cluster, pool, plan, labels, taints))
+                first = args.initial_max.get(plan.name) if args.initial_max is not None else None
+                tags.update(autoscaler_tags(args.cluster, pool, plan, labels, taints, first))
             self.scale_sets.append(
                 compute.VirtualMachineScaleSet(
                     f"{name}-{plan.index}",
@@ -180,7 +191,8 @@ class NodePool(pulumi.ComponentResource):
                         ),
                     ),
                     tags=tags,
-                    opts=child(self, ignore_changes=["sku.capacity"]),
+                    # the autoscaler owns the count and, where governed, the governor the max tag
+                    opts=child(self, ignore_changes=["sku.capacity", *(['tags["max"]'] if governed else [])]),
                 )
             )
         self.register_outputs({"scale_set_ids": [s.id for s in self.scale_sets]})

@@ -16,6 +16,7 @@ import pulumi
 from modules.common import require
 from modules.platform import objects
 from modules.platform.objects import Manifest
+from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 
 NAME = "cluster-autoscaler"
@@ -27,11 +28,14 @@ COMPONENT = "autoscaler"
 class AutoscalerArgs:
     user: str = autoscaling.USER
     """The Kubernetes user the autoscaler acts as: its client certificate's CN (default: cluster-autoscaler)."""
+    governor_user: str | None = scale_governor.USER
+    """The user the scale-up governor beside it acts as (default: superkube-scale-governor); None: no governor."""
 
     def __post_init__(self) -> None:
-        require(
-            bool(self.user) and not self.user.startswith("system:"), "user", "name a user outside system:"
-        )
+        for name in ("user", "governor_user"):
+            value = getattr(self, name)
+            if name == "user" or value is not None:
+                require(bool(value) and not value.startswith("system:"), name, "name a user outside system:")
 
 
 def _rules() -> list[dict[str, list[str]]]:
@@ -84,8 +88,43 @@ def _rules() -> list[dict[str, list[str]]]:
     ]
 
 
+def governor_manifests(user: str) -> list[Manifest]:
+    """The governor may read the autoscaler's status and see which host's autoscaler leads: two
+    named objects, read-only, and nothing else."""
+    name = f"{NAME}-governor"
+    meta = objects.meta(name, COMPONENT, NAMESPACE)
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [scale_governor.STATUS_CONFIGMAP],
+                    "verbs": ["get"],
+                },
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [scale_governor.LEASE],
+                    "verbs": ["get"],
+                },
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    ]
+
+
 def manifests(args: AutoscalerArgs) -> list[Manifest]:
-    """The ClusterRole and Role of the autoscaler, bound to its user."""
+    """The ClusterRole and Role of the autoscaler, bound to its user, and the governor's Role."""
 
     def meta(namespace: str | None = None) -> dict[str, Any]:
         return objects.meta(NAME, COMPONENT, namespace)
@@ -114,7 +153,7 @@ def manifests(args: AutoscalerArgs) -> list[Manifest]:
                 {
                     "apiGroups": [""],
                     "resources": ["configmaps"],
-                    "resourceNames": ["cluster-autoscaler-status"],
+                    "resourceNames": [scale_governor.STATUS_CONFIGMAP],
                     "verbs": ["delete", "get", "update", "watch"],
                 },
             ],
@@ -126,6 +165,7 @@ def manifests(args: AutoscalerArgs) -> list[Manifest]:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
             "subjects": subject,
         },
+        *(governor_manifests(args.governor_user) if args.governor_user else []),
     ]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from policies.rules.compute import VM, VMSS, _cloud_init_files
+from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.cluster.cloudinit import JOIN_SCRIPT, join_jitter_seconds
 from superkube.cluster.kube import APISERVERS
@@ -265,11 +266,73 @@ def _autoscaler_discovery(view: StackView, config: RuleConfig) -> Iterator[Findi
             )
 
 
+def _governor_settings(config: RuleConfig) -> dict[str, Any]:
+    """The scale-up governor's settings as the inventory hands them to its host service (empty: none)."""
+    raw = config.inventory.get("hostvar_expressions", {}).get("superkube_scale_governor")
+    settings = json.loads(raw) if raw else {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def _governed_join_rate(
+    view: StackView, config: RuleConfig, settings: Mapping[str, Any], host: str | None
+) -> Iterator[Finding]:
+    """With the governor, a minute sees at most its room per refresh times the refreshes a minute
+    touches, which its budget keeps under the safe rate it is given. So: that rate is the stack's,
+    the room is at least a node, every autoscaled set is governed within its capacity, and the sets'
+    first max tags open no more than one refresh's room."""
+    safe = settings.get("safe_join_rate_per_minute")
+    if not isinstance(safe, int) or safe > config.safe_join_rate_per_minute:
+        yield Finding(
+            f"the scale-up governor holds joins to {safe!r}/minute, not the stack's safe "
+            f"{config.safe_join_rate_per_minute:,}/minute",
+            host,
+        )
+        return
+    room = scale_governor.budget(safe)
+    if room < 1:
+        yield Finding(
+            f"at a safe {safe}/minute the scale-up governor opens no room per {scale_governor.PROVIDER_REFRESH_S}s "
+            "refresh: no pool could ever grow",
+            host,
+        )
+        return
+    ceilings = settings.get("ceilings") or {}
+    opened = 0
+    for s in _autoscaled_sets(view):
+        name = s.props.get("vmScaleSetName", s.name)
+        tags = s.tags
+        if name not in ceilings:
+            yield Finding(
+                f"scale set {name} is autoscaled but not governed: its scale-ups have no rate bound", s.urn
+            )
+            continue
+        if ceilings[name] > s.capacity:
+            yield Finding(
+                f"the governor may grow scale set {name} to {ceilings[name]}, past its capacity {s.capacity}",
+                s.urn,
+            )
+        low, high = tags.get("min", "0"), tags.get("max", "")
+        if low.isdigit() and high.isdigit():
+            opened += max(0, int(high) - int(low))
+        else:
+            yield Finding(f"scale set {name} has min {low!r} / max {high!r} tags that are not counts", s.urn)
+    if opened > room:
+        yield Finding(
+            f"the scale sets' first max tags open {opened:,} nodes above their mins, more than the governor's "
+            f"{room:,} per refresh: the autoscaler's first look may ask for all of them at once",
+            host,
+        )
+
+
 def _join_rate(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     found = _autoscaler_args(view, config)
     if found is None:
         return
     host, args = found
+    governor = _governor_settings(config)
+    if governor:
+        yield from _governed_join_rate(view, config, governor, host)
+        return
     per_scaleup = _flag(args, "max-nodes-per-scaleup") or "1000"
     interval = (_flag(args, "scan-interval") or "10s").removesuffix("s")
     if not (per_scaleup.isdigit() and interval.isdigit() and int(interval) > 0):
@@ -285,12 +348,15 @@ def _join_rate(view: StackView, config: RuleConfig) -> Iterator[Finding]:
         nodes = sum(s.capacity for s in sets)
         jitters = [join_jitter_seconds((_cloud_init_files(s) or {}).get(JOIN_SCRIPT, "")) or 0 for s in sets]
         jitter = min(jitters) if jitters else 0
-        peak = 60 * autoscaling.peak_join_rate_per_second(nodes, int(per_scaleup), int(interval), jitter)
+        # without the governor nothing spaces the batches: a loop that scaled up starts the next at
+        # once (measured, superkube.cluster.autoscaling), so the scan interval is no bound; take a
+        # loop to be a second
+        peak = 60 * autoscaling.peak_join_rate_per_second(nodes, int(per_scaleup), 1, jitter)
         if peak > config.safe_join_rate_per_minute:
             yield Finding(
                 f"a full scale-up of pool {pool} ({nodes:,} nodes) joins at up to {peak:,.0f} nodes/minute "
-                f"(--max-nodes-per-scaleup {per_scaleup} every {interval}s, join jitter {jitter}s) > the safe "
-                f"{config.safe_join_rate_per_minute:,}/minute",
+                f"(--max-nodes-per-scaleup {per_scaleup} in back-to-back loops, join jitter {jitter}s) > the "
+                f"safe {config.safe_join_rate_per_minute:,}/minute without the scale-up governor",
                 sets[0].urn,
             )
 
@@ -349,8 +415,8 @@ RULES = [
         "platform-autoscaler-join-rate",
         "high",
         "A full-pool scale-up cannot send nodes to the API servers faster than the stack's safe join rate.",
-        "Lower superkube:autoscaler_max_nodes_per_scaleup, raise autoscaler_scan_interval_seconds or "
-        "autoscaler_join_jitter_seconds, or raise safe_join_rate_per_minute with load-test evidence.",
+        "Set superkube:autoscaler_governor true and keep the scale sets' max tags as the plan makes them "
+        "(modules.cluster.governed_maxes); or raise safe_join_rate_per_minute with load-test evidence.",
         _join_rate,
     ),
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from modules.platform import autoscaler as autoscaler_rbac
 from superkube.agents import scale_governor as gov
 from superkube.cluster import autoscaling
 from superkube.lab import apiserver
@@ -178,16 +179,22 @@ def test_no_minute_sees_more_than_the_safe_rate_and_every_group_fills(seed: int)
 def test_in_the_lab_a_round_reads_the_real_status_and_writes_the_kwok_templates(
     api: LocalApi, flagship_plan: Plan
 ) -> None:
-    """Against the real API server: the governor's lab side reads the status ConfigMap the autoscaler
-    writes and sets max-count on exactly the templates of the groups it changes."""
+    """Against the real API server: the governor's reader, as its own user, reads the status ConfigMap
+    the autoscaler writes, and the lab's writer sets max-count on exactly the templates of the groups
+    it changes."""
     sets = ca_lab.scale_sets(flagship_plan, pool="gpu")
     apply(api, *[o for o in ca_lab.provider_objects(sets) if o["kind"] == "ConfigMap"])
-    assert ca_lab.read_status(api) is None  # the autoscaler has not written it yet
+    apply(api, *autoscaler_rbac.governor_manifests(gov.USER))
+    apiserver.kubectl(
+        api, "delete", "configmap", gov.STATUS_CONFIGMAP, "-n", gov.NAMESPACE, "--ignore-not-found"
+    )
+    reader = gov.KubeReader(api.client_kubeconfig("scale-governor", gov.USER))
+    assert reader.status() is None  # the autoscaler has not written it yet
     reading = READING.read_text()
     apply(api, {"apiVersion": "v1", "kind": "ConfigMap", "data": {"status": reading},
                 "metadata": {"name": gov.STATUS_CONFIGMAP, "namespace": autoscaling.NAMESPACE}})  # fmt: skip
-    ceilings = {s.name: s.max for s in sets}
-    governor = gov.Governor(lambda: ca_lab.read_status(api), ca_lab.KwokMaxSizes(api), ceilings, 300, 50)
+    ceilings = {s.name: s.capacity for s in sets}
+    governor = gov.Governor(reader.status, ca_lab.KwokMaxSizes(api), ceilings, 300, 50)
     governor.last = dict(ceilings)
     round_ = governor.once()
     assert round_ is not None and round_.changed

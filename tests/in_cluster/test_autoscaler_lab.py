@@ -21,7 +21,7 @@ from superkube.plan.engine import Plan
 
 def test_each_gpu_scale_set_is_a_node_group_with_its_tags(flagship_plan: Plan) -> None:
     sets = ca_lab.scale_sets(flagship_plan, pool="gpu")
-    assert len(sets) == 8 and sum(s.max for s in sets) == 7500 and {s.min for s in sets} == {0}
+    assert len(sets) == 8 and sum(s.capacity for s in sets) == 7500 and {s.min for s in sets} == {0}
     for s in sets:
         # the node template decoded from the tags is what a joining node registers with
         assert s.labels == cloudinit.node_labels(flagship_plan.cluster, "gpu", "gpu", {})

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.cluster.inventory import cluster_facts
@@ -94,13 +95,17 @@ def test_every_autoscaler_flag_is_one_of_its_release(any_plan: Plan) -> None:
 
 
 def test_the_autoscaler_runs_on_the_api_servers_not_as_a_pod(any_plan: Plan) -> None:
-    """Its objects in the cluster are permissions for its user; no pod, no service account."""
+    """Its objects in the cluster are permissions for its user and the governor's; no pod, no
+    service account."""
     objs = layer.objects(any_plan)["autoscaler"]
-    assert sorted(o["kind"] for o in objs) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    kinds = ["ClusterRole", "ClusterRoleBinding", "Role", "Role", "RoleBinding", "RoleBinding"]
+    assert sorted(o["kind"] for o in objs) == kinds
+    users = {autoscaling.USER: 0, scale_governor.USER: 0}
     for binding in (o for o in objs if o["kind"].endswith("Binding")):
-        assert binding["subjects"] == [
-            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": autoscaling.USER}
-        ]
+        (subject,) = binding["subjects"]
+        assert subject["kind"] == "User" and subject["name"] in users
+        users[subject["name"]] += 1
+    assert users == {autoscaling.USER: 2, scale_governor.USER: 1}
     for vm in (r for r in any_plan.of_type("azure-native:compute:VirtualMachine") if "apiservers" in r.name):
         assert vm.inputs["identity"]["userAssignedIdentities"], vm.name
         assert vm.inputs["tags"][autoscaling.IDENTITY_TAG] and vm.inputs["tags"][autoscaling.SCOPE_TAG]

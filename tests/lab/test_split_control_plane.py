@@ -20,6 +20,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from superkube.agents import scale_governor
 from superkube.cli import app
 from superkube.cluster import autoscaling, gang, kube, reference
 from superkube.fleet import converge as runner
@@ -268,6 +269,35 @@ def test_the_autoscaler_is_a_host_service_beside_the_scheduler(
     assert "ARM_VM_TYPE=vmss" in azure and "ARM_USER_ASSIGNED_IDENTITY_ID=\n" in azure + "\n"
     cert = "/etc/kubernetes/pki/cluster-autoscaler.crt"
     assert _subject(control_plane, "apiservers-1", cert) == f"CN={autoscaling.USER}"
+
+
+def test_the_scale_governor_is_installed_beside_the_autoscaler(
+    control_plane: lab.Lab, converged: dict[str, Any]
+) -> None:
+    """The governor's program, settings, kubeconfig and unit land on every API server by converge, as
+    its own user; the lab does not start it (no Azure to write to: tests/agents runs the same file
+    against the real API server)."""
+    program = Path(scale_governor.__file__).read_bytes()
+    settings = control_plane.facts["scale_governor"]
+    assert settings["ceilings"] and settings["safe_join_rate_per_minute"] > 0
+    for host in (h.name for h in control_plane.hosts if h.group == "apiservers"):
+        installed = sh(control_plane, host, "sha256sum /usr/local/lib/superkube/scale_governor.py").split()[0]
+        assert installed == hashlib.sha256(program).hexdigest(), host
+        written = json.loads(sh(control_plane, host, "cat /etc/kubernetes/scale-governor.json"))
+        assert written == {**settings, "scope": "", "client_id": ""}, host
+        config = yaml.safe_load(sh(control_plane, host, "cat /etc/kubernetes/scale-governor.conf"))
+        (user,) = config["users"]
+        assert user["name"] == scale_governor.USER, host
+        assert (
+            _subject(control_plane, host, user["user"]["client-certificate"]) == f"CN={scale_governor.USER}"
+        )
+        unit = "/etc/systemd/system/superkube-scale-governor.service"
+        verify = lab.ssh(control_plane, control_plane.host(host), f"systemd-analyze verify {unit}")
+        assert [line for line in (verify.stdout + verify.stderr).splitlines() if line.strip()] == [], host
+        state = lab.ssh(
+            control_plane, control_plane.host(host), "systemctl is-enabled superkube-scale-governor"
+        )
+        assert state.stdout.strip() == "disabled", host
 
 
 def test_etcd_status_shows_both_clusters(control_plane: lab.Lab, converged: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 
+from superkube.agents import scale_governor
 from superkube.cluster import cloudinit
 from superkube.plan.checks import TAGLESS_TYPES
 from superkube.plan.engine import Plan, Resource
@@ -120,12 +121,28 @@ def test_pools_split_into_scale_sets_within_the_vm_limit(flagship_plan: Plan) ->
     sets = flagship_plan.of_type(VMSS)
     assert len(sets) > 7
     gpu = [s for s in sets if s.inputs["tags"]["superkube-pool"] == "gpu"]
-    maxima = [int(s.inputs["tags"]["max"]) for s in gpu]
+    maxima = [int(s.inputs["tags"]["superkube-capacity"]) for s in gpu]
     assert len(gpu) == 8 and sum(maxima) == 7_500 and max(maxima) <= 1_000
     assert max(maxima) - min(maxima) <= 1, "balanced split"
     for s in sets:
         assert s.inputs["singlePlacementGroup"] is False
         assert s.inputs["sku"]["capacity"] <= int(s.inputs["tags"]["max"])
+
+
+def test_governed_scale_sets_start_one_refresh_of_room_above_their_mins(any_plan: Plan) -> None:
+    """With the scale-up governor, a set's first max tag is its min plus a share of one refresh's
+    room, and `pulumi up` leaves the tag to the governor afterwards; the autoscaler's first look
+    cannot see a pool's whole capacity."""
+    sets = any_plan.of_type(VMSS)
+    room = scale_governor.budget(any_plan.spec.safe_join_rate_per_minute)
+    opened = 0
+    for s in sets:
+        tags = s.inputs["tags"]
+        low, high, capacity = int(tags["min"]), int(tags["max"]), int(tags["superkube-capacity"])
+        assert low <= high <= capacity, s.name
+        opened += high - low
+        assert s.ignore_changes == ("sku.capacity", 'tags["max"]'), s.name
+    assert 0 < opened <= room
 
 
 def test_autoscaler_tags_let_every_pool_scale_from_zero(any_plan: Plan) -> None:
@@ -323,3 +340,20 @@ def test_every_machines_role_tag_is_an_inventory_group(any_plan: Plan) -> None:
     machines = any_plan.of_type("azure-native:compute:VirtualMachine") + any_plan.of_type(VMSS)
     roles = {m.inputs["tags"]["superkube-role"] for m in machines}
     assert roles == set(MACHINE_GROUPS)
+
+
+def test_the_autoscalers_identity_may_resize_and_tag_in_its_group_only(any_plan: Plan) -> None:
+    """The identity on the API-server VMs holds two roles on the cluster's resource group: Virtual
+    Machine Contributor for the autoscaler's resizes and Tag Contributor for the governor's max tags
+    (the Tags API needs Microsoft.Resources/tags/write, which the first does not grant)."""
+    from modules.cluster import TAG_CONTRIBUTOR, VIRTUAL_MACHINE_CONTRIBUTOR
+
+    roles = any_plan.of_type("azure-native:authorization:RoleAssignment")
+    (group,) = [
+        g for g in any_plan.of_type("azure-native:resources:ResourceGroup") if not g.name.endswith("-hub-rg")
+    ]
+    assert sorted(r.inputs["roleDefinitionId"].rsplit("/", 1)[1] for r in roles) == sorted(
+        [VIRTUAL_MACHINE_CONTRIBUTOR, TAG_CONTRIBUTOR]
+    )
+    assert {r.inputs["scope"] for r in roles} == {group.id}
+    assert len({r.inputs["principalId"] for r in roles}) == 1

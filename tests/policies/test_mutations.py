@@ -80,8 +80,13 @@ ALSO: dict[str, set[str]] = {
     "drop events etcd": {"wiring-etcd-urls"},  # the inventory still lists the events members
     "remove the preflight taint": {"wiring-node-registration"},  # registration no longer equals the tags
     "one pod IP short": {"wiring-kubelet-max-pods"},  # maxPods now exceeds the NIC's pod IPs
-    "1,200 VMs in a scale set": {"network-vnet-ip-limit"},  # 200 more nodes' IPs no longer fit
-    "VNet over its IP limit": {"network-peering-group-ip-limit", "wiring-kubelet-max-pods"},
+    # 200 more nodes' IPs no longer fit, and the first max opens 1,200 nodes to the autoscaler at once
+    "1,200 VMs in a scale set": {"network-vnet-ip-limit", "platform-autoscaler-join-rate"},
+    "VNet over its IP limit": {
+        "network-peering-group-ip-limit",
+        "wiring-kubelet-max-pods",
+        "platform-autoscaler-join-rate",  # its first max opens 999 nodes at once
+    },
     "301 IPs on a NIC": {
         "network-peering-group-ip-limit",
         "network-vmss-alias-ip-count",

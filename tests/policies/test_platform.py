@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +69,33 @@ class SetFlag:
         expressions["superkube_autoscaler_flags"] = json.dumps(args)
 
 
+@dataclass(frozen=True)
+class SetGovernor:
+    """A change to the scale-up governor's settings, which the inventory hands its host service:
+    `drop` removes a scale set from its ceilings; `settings` replaces keys (None: no governor at all)."""
+
+    settings: dict[str, Any] | None = None
+    drop: bool = False
+
+    def __call__(self, config: dict[str, Any]) -> None:
+        expressions = config["inventory"]["hostvar_expressions"]
+        governor = json.loads(expressions["superkube_scale_governor"])
+        if self.settings is None and not self.drop:
+            governor = {}
+        else:
+            governor.update(self.settings or {})
+            if self.drop:
+                governor["ceilings"].pop(sorted(governor["ceilings"])[0])
+        expressions["superkube_scale_governor"] = json.dumps(governor)
+
+
+def open_first_maxes(doc: Doc) -> None:
+    """Pulumi writes every scale set's max tag as its capacity, as without the governor."""
+    for vmss in m.of(doc, m.VMSS):
+        tags = vmss["inputs"]["tags"]
+        tags["max"] = tags["superkube-capacity"]
+
+
 def tolerate(toleration: dict[str, str]) -> Callable[[Doc], None]:
     return lambda doc: balloon_pod(doc).setdefault("tolerations", []).append(toleration)
 
@@ -87,18 +113,11 @@ def untag_one_pool(doc: Doc) -> None:
     vmss["inputs"]["tags"]["cluster-autoscaler-name"] = "another-cluster"
 
 
-def shorter_jitter(doc: Doc) -> None:
-    for vmss in m.of(doc, m.VMSS):
-        m.rewrite_cloud_init(
-            vmss, "/usr/local/sbin/superkube-join", lambda s: re.sub(r"shuf -i 0-\d+ ", "shuf -i 0-5 ", s)
-        )
-
-
 def resources(doc: Doc) -> dict[str, Any]:
     return container(doc)["resources"]
 
 
-CASES: list[tuple[str, Callable[[Doc], None] | SetFlag, str]] = [
+CASES: list[tuple[str, Callable[[Doc], None] | SetFlag | SetGovernor, str]] = [
     # schema: an unknown field, a wrong type, a missing required field
     (
         "unknown field on a container",
@@ -219,14 +238,16 @@ CASES: list[tuple[str, Callable[[Doc], None] | SetFlag, str]] = [
         SetFlag("scale-up-rate", "5"),
         "platform-autoscaler-discovery",
     ),
-    # join rate: bigger batches, faster scans, a shorter jitter
+    # join rate: no governor (50-node batches back to back pass the safe rate), a governor above the
+    # safe rate, a scale set it does not govern, first max tags that open every set's capacity
+    ("no scale-up governor", SetGovernor(), "platform-autoscaler-join-rate"),
     (
-        "1000 nodes per scale-up",
-        SetFlag("max-nodes-per-scaleup", "1000"),
+        "a governor above the safe rate",
+        SetGovernor({"safe_join_rate_per_minute": 600}),
         "platform-autoscaler-join-rate",
     ),
-    ("2 s scans", SetFlag("scan-interval", "2s"), "platform-autoscaler-join-rate"),
-    ("5 s join jitter", shorter_jitter, "platform-autoscaler-join-rate"),
+    ("a scale set not governed", SetGovernor(drop=True), "platform-autoscaler-join-rate"),
+    ("first max tags at capacity", open_first_maxes, "platform-autoscaler-join-rate"),
 ]
 
 
@@ -249,11 +270,11 @@ def test_the_flagship_in_cluster_layer_passes(flagship: tuple[Doc, checks.RuleCo
 
 @pytest.mark.parametrize(("mutate", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_one_change_fires_its_rule(
-    mutate: Callable[[Doc], None] | SetFlag, rule: str, flagship: tuple[Doc, checks.RuleConfig]
+    mutate: Callable[[Doc], None] | SetFlag | SetGovernor, rule: str, flagship: tuple[Doc, checks.RuleConfig]
 ) -> None:
     doc, config = flagship
     changed, settings = copy.deepcopy(doc), config.to_dict()
-    if isinstance(mutate, SetFlag):
+    if isinstance(mutate, SetFlag | SetGovernor):
         mutate(settings)
     else:
         mutate(changed)

@@ -31,7 +31,7 @@ def recorded_ips_by_subnet(plan: Plan) -> dict[str, tuple[int, int]]:
     for vmss in plan.of_type(VMSS):
         (nic,) = vmss.inputs["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"]
         subnet = nic["ipConfigurations"][0]["subnet"]["id"].rsplit("/", 1)[1]
-        counts[subnet] = [int(vmss.inputs["tags"]["max"]), len(nic["ipConfigurations"])]
+        counts[subnet] = [int(vmss.inputs["tags"]["superkube-capacity"]), len(nic["ipConfigurations"])]
     for nic in plan.of_type(NIC):
         (ipc,) = nic.inputs["ipConfigurations"]
         subnet = ipc["subnet"]["id"].rsplit("/", 1)[1]
@@ -82,7 +82,7 @@ def test_every_limit_row_matches_the_recorded_resources(any_plan: Plan) -> None:
     spoke = sum(r["ips_used"] for r in table if r["vnet"] == "spoke")
     hub = sum(r["ips_used"] for r in table if r["vnet"] == "hub")
     peers = sum(p.ips for p in any_plan.spec.peered_spokes.values())
-    vmss_caps = [int(s.inputs["tags"]["max"]) for s in any_plan.of_type(VMSS)]
+    vmss_caps = [int(s.inputs["tags"]["superkube-capacity"]) for s in any_plan.of_type(VMSS)]
     nic_ips = [
         len(
             s.inputs["virtualMachineProfile"]["networkProfile"]["networkInterfaceConfigurations"][0][

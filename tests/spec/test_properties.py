@@ -164,5 +164,7 @@ def test_random_valid_specs_run_through_the_real_program(tmp_path_factory: Any, 
     ]
     assert sorted(recorded) == sorted(s.cidr for s in result.addresses.subnets)
     sets = result.of_type("azure-native:compute:VirtualMachineScaleSet")
-    assert sum(int(s.inputs["tags"]["max"]) for s in sets) == result.addresses.capacity["nodes"]
-    assert all(int(s.inputs["tags"]["max"]) <= 1_000 for s in sets)
+    assert (
+        sum(int(s.inputs["tags"]["superkube-capacity"]) for s in sets) == result.addresses.capacity["nodes"]
+    )
+    assert all(int(s.inputs["tags"]["superkube-capacity"]) <= 1_000 for s in sets)

@@ -38,12 +38,23 @@ models an autoscaler that keeps to these.
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import math
+import socket
+import ssl
+import sys
 import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import yaml
 
@@ -192,7 +203,7 @@ class Governor:
         self.max_unready = max_unready
         self.interval = interval
         self.stop = threading.Event()
-        self.rounds: list[Round] = []
+        self.rounds: deque[Round] = deque(maxlen=10_000)  # the latest, for the benchmark and logs
         self.last: dict[str, int] = {}
         self.targets: dict[str, int] = {}
         self.wanting: set[str] = set()
@@ -215,7 +226,16 @@ class Governor:
         groups = parse_status(text)
         maxes = self.plan(groups)
         seen = {g.name: g.max_seen for g in groups}
-        changed = {n: m for n, m in maxes.items() if self.last.get(n, seen.get(n)) != m}
+        before = {n: self.last.get(n, seen.get(n)) for n in maxes}
+        changed = {n: m for n, m in maxes.items() if before[n] != m}
+
+        # lowered first: a writer that stops half-way, or a refresh that reads between two writes,
+        # then sees less room than the round meant, never more
+        def raised(item: tuple[str, int]) -> bool:
+            was = before[item[0]]
+            return was is None or item[1] > was
+
+        changed = dict(sorted(changed.items(), key=raised))
         if changed:
             self.sizes.set_max(changed)
             self.last.update(changed)
@@ -229,6 +249,10 @@ class Governor:
         if changed:
             log.info("max sizes set: %s%s", changed, " (held: nodes are not joining)" if r.held else "")
         return r
+
+    def forget(self) -> None:
+        """Drop what earlier rounds saw: another host's governor acted since (`serve`)."""
+        self.last, self.targets, self.wanting = {}, {}, set()
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -256,3 +280,240 @@ def initial_maxes(
         share = room // len(names) + (1 if i < room % len(names) else 0)
         out[name] = max((floors or {}).get(name, 0), min(ceilings[name], targets.get(name, 0) + share))
     return out
+
+
+# The host service. It runs beside cluster-autoscaler on the API-server VMs (role scale_governor),
+# as one file with nothing but python3 and PyYAML (Debian's python3-yaml), like the node exporter:
+# it reads through the API server on its host as its own user, and writes Azure's tags as the
+# autoscaler's user-assigned identity. Every API-server host runs it; only the one whose autoscaler
+# holds the leader lease acts, so the governor always stands beside the autoscaler that acts.
+
+LEASE = "cluster-autoscaler"
+"""The autoscaler's leader-election Lease (`--leader-elect-resource-name`, its default); 1.35 names
+its holder by the host name alone (main.go: `os.Hostname()`)."""
+NAMESPACE = "kube-system"
+"""Where the autoscaler keeps its status ConfigMap and its lease (`--namespace`, its default)."""
+USER = "superkube-scale-governor"
+"""The Kubernetes user the service acts as: it may read the status ConfigMap and the lease, nothing else."""
+ARM = "https://management.azure.com"
+TAGS_API_VERSION = "2021-04-01"
+"""Azure Resource Manager's Tags API: a PATCH with `operation: Merge` changes only the tags it names."""
+IMDS_TOKEN = "http://169.254.169.254/metadata/identity/oauth2/token"
+IMDS_API_VERSION = "2018-02-01"
+
+
+class ServiceError(RuntimeError):
+    """Something the operator must fix (a config, a kubeconfig, a refused identity): one line."""
+
+
+def _read_json(req: urllib.request.Request, what: str, timeout: float, context: Any = None) -> Any:
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read()[:300].decode(errors="replace").strip()
+        raise ServiceError(f"{what}: HTTP {exc.code} {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServiceError(f"{what}: {getattr(exc, 'reason', exc)}") from None
+    return json.loads(body) if body else None
+
+
+class KubeReader:
+    """GETs through the API server with a kubeconfig's client certificate (file paths, as the role
+    writes it): the status ConfigMap's text and the autoscaler's lease holder."""
+
+    def __init__(self, kubeconfig: Path, timeout: float = 10.0) -> None:
+        try:
+            config = yaml.safe_load(kubeconfig.read_text())
+            context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
+            cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
+            user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
+            base = kubeconfig.parent
+            self.server = cluster["server"].rstrip("/")
+            self.tls = ssl.create_default_context(cafile=str(base / cluster["certificate-authority"]))
+            self.tls.load_cert_chain(str(base / user["client-certificate"]), str(base / user["client-key"]))
+        except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration, ssl.SSLError) as exc:
+            raise ServiceError(
+                f"{kubeconfig}: not a kubeconfig with a server, a CA file and a client certificate and key "
+                f"file for its current context ({exc.__class__.__name__}: {exc})"
+            ) from None
+        self.timeout = timeout
+
+    def get(self, path: str) -> Any:
+        """The object at `path`, or None where the API server has none (404)."""
+        req = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
+        try:
+            return _read_json(req, f"GET {path}", self.timeout, self.tls)
+        except ServiceError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
+    def status(self) -> str | None:
+        cm = self.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{STATUS_CONFIGMAP}")
+        return ((cm or {}).get("data") or {}).get("status") or None
+
+    def leader(self) -> str | None:
+        lease = self.get(f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{LEASE}")
+        return ((lease or {}).get("spec") or {}).get("holderIdentity") or None
+
+
+class AzureTags:
+    """The scale sets' `max` tags, through Azure Resource Manager's Tags API as a user-assigned
+    managed identity (its token from the VM's instance metadata service). One merge per changed set,
+    in the order given (`Governor.once` puts the lowered first); the first refusal stops the round,
+    so no raise is written after a lower that failed."""
+
+    def __init__(
+        self,
+        scope: str,
+        client_id: str,
+        arm: str = ARM,
+        imds: str = IMDS_TOKEN,
+        timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scope, self.client_id, self.arm, self.imds = scope.rstrip("/"), client_id, arm.rstrip("/"), imds
+        self.timeout, self.clock = timeout, clock
+        self._token: tuple[str, float] | None = None  # (token, expires at)
+
+    def token(self) -> str:
+        if self._token is None or self.clock() > self._token[1] - 300:
+            query = urllib.parse.urlencode(
+                {"api-version": IMDS_API_VERSION, "resource": self.arm + "/", "client_id": self.client_id}
+            )
+            req = urllib.request.Request(f"{self.imds}?{query}", headers={"Metadata": "true"})
+            body = _read_json(req, f"the managed identity {self.client_id}'s token", self.timeout)
+            try:
+                self._token = (str(body["access_token"]), float(body["expires_on"]))
+            except (KeyError, TypeError, ValueError):
+                raise ServiceError("the instance metadata service answered without a token") from None
+        return self._token[0]
+
+    def resource(self, name: str) -> str:
+        return f"{self.scope}/providers/Microsoft.Compute/virtualMachineScaleSets/{urllib.parse.quote(name)}"
+
+    def set_max(self, sizes: Mapping[str, int]) -> None:
+        for name, size in sizes.items():
+            url = f"{self.arm}{self.resource(name)}/providers/Microsoft.Resources/tags/default?api-version={TAGS_API_VERSION}"
+            body = {"operation": "Merge", "properties": {"tags": {"max": str(size)}}}
+            req = urllib.request.Request(
+                url,
+                data=json.dumps(body).encode(),
+                method="PATCH",
+                headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
+            )
+            _read_json(req, f"setting max {size} on scale set {name}", self.timeout)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The service's settings, written by the role from the stack (`superkube.cluster.inventory`)."""
+
+    scope: str
+    client_id: str
+    ceilings: dict[str, int]
+    safe_join_rate_per_minute: int
+    max_unready: int
+    refresh_s: float = PROVIDER_REFRESH_S
+    interval_s: float = 10.0
+    arm: str = ARM
+    """Resource Manager's endpoint (another for a sovereign cloud)."""
+    imds: str = IMDS_TOKEN
+    """The instance metadata service's token endpoint."""
+
+    @classmethod
+    def load(cls, path: Path) -> ServiceConfig:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ServiceError(f"{path}: cannot read it as JSON: {exc}") from None
+        fields = set(cls.__dataclass_fields__)
+        if not isinstance(data, dict) or not {"scope", "client_id", "ceilings"} <= data.keys() <= fields:
+            raise ServiceError(
+                f"{path}: want a JSON object with the keys {sorted(fields)}; got {data!r:.200}"
+            )
+        try:
+            config = cls(**data)
+            ok = (
+                config.scope.startswith("/subscriptions/")
+                and "/resourceGroups/" in config.scope
+                and config.ceilings
+                and all(isinstance(v, int) and v >= 0 for v in config.ceilings.values())
+                and budget(config.safe_join_rate_per_minute, config.refresh_s) >= 1
+                and config.interval_s > 0
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ServiceError(f"{path}: {exc}") from None
+        if not ok:
+            raise ServiceError(
+                f"{path}: scope must be a resource group's ID, ceilings a map of scale set to a count >= 0, "
+                f"the safe rate at least {math.ceil(60 / config.refresh_s) + 1} a minute (a node per refresh) "
+                f"and interval_s > 0; got scope {config.scope!r}, ceilings {config.ceilings!r:.100}, safe "
+                f"{config.safe_join_rate_per_minute}, interval {config.interval_s}"
+            )
+        return config
+
+
+def serve(governor: Governor, kube: KubeReader, host: str) -> Callable[[], str | None]:
+    """The status reader a host's governor runs on: the status while this host's autoscaler leads,
+    None (a round that does nothing, and forgets what it saw) while another's does."""
+    leading = False
+
+    def read() -> str | None:
+        nonlocal leading
+        now = kube.leader() == host
+        if now != leading:
+            log.info("the autoscaler on this host %s the lead", "took" if now else "does not hold")
+            governor.forget()
+            leading = now
+        return kube.status() if now else None
+
+    return read
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="superkube-scale-governor",
+        description="Hold cluster-autoscaler's scale-ups to the safe join rate by setting each scale set's max tag.",
+    )
+    p.add_argument(
+        "--config", type=Path, required=True, help="the service's JSON settings (the role writes them)"
+    )
+    p.add_argument("--kubeconfig", type=Path, required=True, help="the governor's own kubeconfig")
+    p.add_argument(
+        "--host",
+        default=socket.gethostname(),
+        help="the autoscaler's lease identity here (default: the host name)",
+    )
+    p.add_argument("--check", action="store_true", help="load the settings and the kubeconfig, then exit")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        config = ServiceConfig.load(args.config)
+        kube = KubeReader(args.kubeconfig)
+    except ServiceError as exc:
+        print(f"superkube-scale-governor: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        return 0
+    governor = Governor(
+        lambda: None,
+        AzureTags(config.scope, config.client_id, config.arm, config.imds),
+        config.ceilings,
+        config.safe_join_rate_per_minute,
+        config.max_unready,
+        config.refresh_s,
+        config.interval_s,
+    )
+    governor.read_status = serve(governor, kube, args.host)
+    log.info(
+        "governing %d scale sets at %d nodes per refresh (%gs), as %s", len(config.ceilings), governor.room,
+        config.refresh_s, args.host,
+    )  # fmt: skip
+    governor.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
+from superkube.model.ipam import AddressPlan
 from superkube.model.spec import PREFLIGHT_TAINT_KEY, ClusterSpec
 
 VERSION = "1.35.2"
@@ -135,6 +136,22 @@ def peak_join_rate_per_second(nodes: int, per_scaleup: int, scan_interval: float
 def max_nodes_total(spec: ClusterSpec) -> int:
     """The node-count ceiling: the spec's, or every pool's capacity added up."""
     return spec.autoscaler_max_nodes_total or sum(p.nodes for p in spec.node_pools)
+
+
+def governor_settings(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, object]:
+    """The scale-up governor's settings from the stack (the host adds the scope and identity it acts
+    with): every autoscaled scale set's ceiling, its planned capacity; the safe rate; and how many
+    nodes may be stuck before it opens no more room (the autoscaler's own tolerance). Empty where the
+    stack runs no governor."""
+    if not (spec.autoscaler_enabled and spec.autoscaler_governor):
+        return {}
+    return {
+        "ceilings": {
+            s.name: s.capacity for pool in spec.node_pools for s in addresses.pool_scale_sets(pool.name)
+        },
+        "safe_join_rate_per_minute": spec.safe_join_rate_per_minute,
+        "max_unready": spec.autoscaler_ok_total_unready_count,
+    }
 
 
 def flags(spec: ClusterSpec, cluster: str) -> list[str]:

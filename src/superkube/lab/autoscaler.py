@@ -31,7 +31,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.lab import apiserver, gang, kwok
 from superkube.lab.errors import LabError
@@ -90,6 +89,13 @@ class ScaleSet:
     labels: dict[str, str]
     taints: list[dict[str, str]]
     resources: dict[str, str]
+    capacity: int = 0
+    """The most nodes the plan lets it hold (`superkube-capacity`): the governor's ceiling, where its
+    `max` tag is the governor's first step (0: the max)."""
+
+    def __post_init__(self) -> None:
+        if not self.capacity:
+            object.__setattr__(self, "capacity", self.max)
 
 
 def _tag_name(encoded: str) -> str:
@@ -113,7 +119,8 @@ def scale_set(name: str, tags: Mapping[str, str]) -> ScaleSet:
             taints.append({"key": _tag_name(key), "value": taint_value, "effect": effect})
         elif kind == "resources":
             resources[_tag_name(key)] = value
-    return ScaleSet(name, int(tags.get("min", 0)), int(tags["max"]), labels, taints, resources)
+    capacity = int(tags.get("superkube-capacity", tags["max"]))
+    return ScaleSet(name, int(tags.get("min", 0)), int(tags["max"]), labels, taints, resources, capacity)
 
 
 def scale_sets(plan: Any, pool: str | None = None) -> list[ScaleSet]:
@@ -310,15 +317,3 @@ class KwokMaxSizes:
                         f"the governor's update of the kwok templates failed: {exc.stderr.strip()}"
                     ) from None
         raise LabError(f"the kwok templates kept changing under the governor's update of {dict(sizes)}")
-
-
-def read_status(api: apiserver.LocalApi) -> str | None:
-    """The autoscaler's status ConfigMap's `status` text; None until it has written one."""
-    try:
-        out = apiserver.kubectl(api, "get", "configmap", scale_governor.STATUS_CONFIGMAP, "-n", autoscaling.NAMESPACE,
-                                "-o", "jsonpath={.data.status}")  # fmt: skip
-    except subprocess.CalledProcessError as exc:
-        if "NotFound" in (exc.stderr or ""):
-            return None
-        raise LabError(f"cannot read the autoscaler's status: {(exc.stderr or '').strip()}") from None
-    return out or None

@@ -470,6 +470,14 @@ class ClusterSpec(_Model):
         default=True,
         description="Run cluster-autoscaler on the API-server hosts and tag every pool for its discovery (min/max and node templates).",
     )
+    autoscaler_governor: bool = Field(
+        default=True,
+        description=(
+            "Run the scale-up governor beside cluster-autoscaler: it raises each scale set's max tag a step at a "
+            "time so a scale-up joins at most safe_join_rate_per_minute nodes a minute (the autoscaler has no "
+            "rate limit of its own)."
+        ),
+    )
     autoscaler_join_jitter_seconds: int = Field(
         default=300,
         ge=0,

@@ -103,6 +103,7 @@ class Resource:
     inputs: dict[str, Any]
     id: str = ""
     provider: str | None = None  # the explicit provider reference, where the program set one
+    ignore_changes: tuple[str, ...] = ()  # properties `pulumi up` leaves as they are (not in to_dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -414,6 +415,7 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
                     inputs=_plain(self._mocks.last_inputs),
                     id=response.id,
                     provider=request.provider or None,
+                    ignore_changes=tuple(request.ignoreChanges),
                 )
             )
         return response
