@@ -113,7 +113,8 @@ def summary_table() -> str:
             "render.json",
         ),
         (
-            "a full scale-up of the flagship's GPU pool: the rule's formula, the simulation's busiest minute",
+            "a full scale-up of the flagship's GPU pool under the scale-up governor: the formula, the "
+            "simulation's busiest minute",
             f"{60 * flagship['formula_joins_per_second']:.0f} / {flagship['peak_joins_per_minute']:.0f} nodes a minute "
             f"(safe: {storm['safe_join_rate_per_minute']})",
             "join_storm.json",
@@ -294,7 +295,8 @@ def _join_flow_rows() -> list[tuple[str, str, str]]:
         return f"{base:.0f} -> {hit:.0f} ms ({hit / base:.1f}x{_missed(hit / base, 2.0001)})"
 
     paced = {k: v for k, v in rounds.items() if k.startswith("paced_")}
-    with_level, one_seat = rounds["storm_join_level"], rounds["storm_one_seat"]
+    with_level, compare = rounds["storm_join_level"], rounds["storm_compare"]
+    level, former = flow["level"], flow["compare_level"]
     tokens = (
         "a bootstrap token each" if flow["tokens"] == "per node" else "one bootstrap token, as in production"
     )
@@ -306,7 +308,7 @@ def _join_flow_rows() -> list[tuple[str, str, str]]:
             f"{flow['joins']:,} kubelets' TLS bootstraps (CSR, its watch, Node, Lease; {tokens}), "
             f"{flow['concurrency']} at once, on one lab API server core (the role's in-flight limits / "
             f"{flow['scale']}): a user's p99, idle -> storm, built-in levels only; with superkube-node-join "
-            "(target within 2x)",
+            f"({level['shares']} share, {level['queues']} queues of {level['queue_length_limit']}; target within 2x)",
             f"{storm('storm_builtin', 'idle_builtin')}; {storm('storm_join_level', 'idle_join_level')}",
             "join_flow.json",
         ),
@@ -328,10 +330,11 @@ def _join_flow_rows() -> list[tuple[str, str, str]]:
             "join_flow.json",
         ),
         (
-            f"the storm again, the join level cut to one seat and {flow['one_seat_level']['queues']} queues of "
-            f"{flow['one_seat_level']['queue_length_limit']}: the user's p99; joins a second; 429s; failed joins",
-            f"{storm('storm_one_seat', 'idle_one_seat')}; {one_seat['joins_per_s']:.0f}; "
-            f"{one_seat['throttled_429']:,}; {one_seat['failed']}",
+            f"the storm again, the join level at the former default, {former['shares']} shares and "
+            f"{former['queues']} queues of {former['queue_length_limit']}: the user's p99; joins a second; "
+            "429s; failed joins",
+            f"{storm('storm_compare', 'idle_compare')}; {compare['joins_per_s']:.0f}; "
+            f"{compare['throttled_429']:,}; {compare['failed']}",
             "join_flow.json",
         ),
     ]

@@ -22,8 +22,8 @@ of its namespace and writes a ConfigMap there, back to back, from its own proces
 
 Rounds, in one run: idle (the steady client alone) -> storm with the built-in levels only -> idle ->
 the layer's FlowSchemas and PriorityLevelConfiguration applied (`modules.platform.flowcontrol`, the
-flagship's shares) -> storm -> the same joins paced at `--paced` a second -> the level cut to one seat
-and short queues -> idle -> storm. Each round's steady p99 is compared with the idle round before
+flagship's level) -> storm -> the same joins paced at `--paced` a second -> the level at the former
+default, 10 shares and 64 queues of 100 -> idle -> storm. Each round's steady p99 is compared with the idle round before
 it. After each storm the server's own APF metrics say how many requests each level dispatched and
 how long the join level's requests waited and ran.
 
@@ -281,9 +281,10 @@ def main() -> int:
         "--paced", default="2,10,20,30", help="joins a second of the paced rounds (with the level)"
     )
     p.add_argument("--paced-s", type=float, default=30, help="seconds each paced round sends joins")
-    p.add_argument("--one-seat-queues", type=int, default=16, help="queues of the one-seat round's level")
+    p.add_argument("--compare-shares", type=int, default=10, help="shares of the last round's level")
+    p.add_argument("--compare-queues", type=int, default=64, help="queues of the last round's level")
     p.add_argument(
-        "--one-seat-queue-length", type=int, default=4, help="queue length of the one-seat round's level"
+        "--compare-queue-length", type=int, default=100, help="queue length of the last round's level"
     )
     args = p.parse_args()
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
@@ -301,9 +302,9 @@ def main() -> int:
     # the others: in a cluster they are other machines, and their CPU is not the server's
     server_cpus, client_cpus = {cores[0]}, set(cores[1:])
     level = flowcontrol.NodeJoinFlowArgs(shares=shares)
-    one_seat = flowcontrol.NodeJoinFlowArgs(
-        shares=1, queues=args.one_seat_queues, hand_size=min(6, args.one_seat_queues),
-        queue_length_limit=args.one_seat_queue_length,
+    compare = flowcontrol.NodeJoinFlowArgs(
+        shares=args.compare_shares, queues=args.compare_queues, hand_size=min(6, args.compare_queues),
+        queue_length_limit=args.compare_queue_length,
     )  # fmt: skip
     paced = [float(r) for r in args.paced.split(",") if r]
     storms = [args.joins, args.joins, *(math.ceil(r * args.paced_s) for r in paced), args.joins]
@@ -336,10 +337,10 @@ def main() -> int:
                 ("idle_join_level", "storm_join_level", "with superkube-node-join", level, 0.0),
                 *(("", f"paced_{r:g}_per_s", f"paced at {r:g} a second", None, r) for r in paced),
                 (
-                    "idle_one_seat",
-                    "storm_one_seat",
-                    "the join level at one seat, short queues",
-                    one_seat,
+                    "idle_compare",
+                    "storm_compare",
+                    f"the join level at {compare.shares} shares, {compare.queues} queues of {compare.queue_length_limit}",
+                    compare,
                     0.0,
                 ),
             ]
@@ -368,7 +369,7 @@ def main() -> int:
         "scale": args.scale,
         "tokens": "per node" if args.per_node_tokens else "one for all nodes, as in production",
         "level": dataclasses.asdict(level),
-        "one_seat_level": dataclasses.asdict(one_seat),
+        "compare_level": dataclasses.asdict(compare),
         "max_requests_inflight": reads,
         "max_mutating_requests_inflight": writes,
         "seats": seats,

@@ -3,6 +3,7 @@ the figures, which must be what bench/results/ and the code say."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from modules.platform.flowcontrol import NodeJoinFlowArgs
 from policies.rules import ALL_RULES
 from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
@@ -101,6 +103,12 @@ def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) 
         stale.append(
             f"autoscaler.json: {scaled['version']} with {ran['flags']}, today {autoscaling.VERSION} "
             f"with {tuned} (bench/autoscaler.py)"
+        )
+    flow = json.loads((ROOT / "bench" / "results" / "join_flow.json").read_text())
+    level = dataclasses.asdict(NodeJoinFlowArgs(shares=flagship_plan.spec.apf_node_join_shares))
+    if flow["level"] != level:
+        stale.append(
+            f"join_flow.json: the join level was {flow['level']}, today {level} (bench/join_flow.py)"
         )
     assert stale == []
 

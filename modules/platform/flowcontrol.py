@@ -12,9 +12,12 @@ each node's registration is a flow of its own.
 
 What the level bounds is seats and queues, not CPU: part of what a join costs a server is outside
 it (the TLS handshakes, the controller-manager's review, approval and signature in its own level,
-the Lease, watch fan-out). At 10 shares an unpaced storm still fills a server's CPU; fewer shares
-slow it further (429s, retried). Pacing the arrivals (smoothed scale-up) is what keeps everyone
-else's latency first, as bench/join_flow.py measures on the real API server.
+the Lease, watch fan-out). At 10 shares an unpaced storm of 2,000 still filled a lab server's core
+(a user's p99 3.2x its idle value, bench/join_flow.py); at 1 share with 16 queues of 4 the same
+storm took it to 1.2x, the joins slowed to about 12 a second, taking 429s and retrying, and none
+failed. So the level ships at 1 share: at the flagship's safe rate (300 a minute over 5 servers, one
+join a second per server) it is far from full. Pacing the arrivals (the scale-up governor) is what
+keeps everyone else's latency first; the level is the floor under a storm that pacing did not stop.
 
 Only joining traffic is matched. A joined node's status updates and lease renewals stay in the
 built-in `system-node-high` level (precedence 400): throttling those would mark healthy nodes
@@ -39,14 +42,17 @@ API = "flowcontrol.apiserver.k8s.io/v1"
 
 @dataclass(frozen=True, kw_only=True)
 class NodeJoinFlowArgs:
-    shares: int = 10
-    """nominalConcurrencyShares of the join level (default: 10, a quarter of node-high's 40)."""
-    queues: int = 64
-    """Fair queues of the level (default: 64; each joining node is one flow)."""
+    shares: int = 1
+    """nominalConcurrencyShares of the join level (default: 1; bench/join_flow.py measured 10 letting
+    a storm take a user's p99 to 3.2x its idle value, 1 with short queues to 1.2x)."""
+    queues: int = 16
+    """Fair queues of the level (default: 16; the bootstrap token's requests are one flow, each
+    joining node's registration another)."""
     hand_size: int = 6
     """Queues each flow is shuffle-sharded over (default: 6)."""
-    queue_length_limit: int = 100
-    """Requests one queue holds before the API server answers 429 (default: 100)."""
+    queue_length_limit: int = 4
+    """Requests one queue holds before the API server answers 429 (default: 4: a storm beyond what
+    the level serves is told to retry at once, and its kubelets do, rather than queue for minutes)."""
     matching_precedence: int = 350
     """Below system-node-high's 400, so registration is matched before the built-in schema."""
 

@@ -533,10 +533,10 @@ class ClusterSpec(_Model):
         description="Most nodes per minute a full-pool scale-up may send to the API servers' join path (checked by policy).",
     )
     apf_node_join_shares: int = Field(
-        default=10,
+        default=1,
         ge=1,
         le=1000,
-        description="nominalConcurrencyShares of the priority level that node bootstrap and registration requests queue in.",
+        description="nominalConcurrencyShares of the priority level that node bootstrap and registration requests queue in (1: a join storm keeps other clients' p99 within 2x; bench/join_flow.py).",
     )
     in_cluster_layer: bool = Field(
         default=True,
