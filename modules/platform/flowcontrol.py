@@ -14,7 +14,7 @@ What the level bounds is seats and queues, not CPU: part of what a join costs a 
 it (the TLS handshakes, the controller-manager's review, approval and signature in its own level,
 the Lease, watch fan-out). At 10 shares an unpaced storm of 2,000 still filled a lab server's core
 (a user's p99 3.2x its idle value, bench/join_flow.py); at 1 share with 16 queues of 4 the same
-storm took it to 1.2x, the joins slowed to about 12 a second, taking 429s and retrying, and none
+storm took it to 1.2x, the joins slowed to about 10 a second, taking 429s and retrying, and none
 failed. So the level ships at 1 share: at the flagship's safe rate (300 a minute over 5 servers, one
 join a second per server) it is far from full. Pacing the arrivals (the scale-up governor) is what
 keeps everyone else's latency first; the level is the floor under a storm that pacing did not stop.

@@ -23,6 +23,7 @@ from modules.platform.monitoring_access import MonitoringAccess, MonitoringAcces
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.serving_certs import ServingCerts, ServingCertsArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
+from superkube.agents import scale_governor
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
 
@@ -70,7 +71,10 @@ class InClusterLayer(pulumi.ComponentResource):
         # with autoscaler_enabled false the scale sets carry no discovery tags: nothing to permit
         self.autoscaler = None
         if spec.autoscaler_enabled:
-            self.autoscaler = Autoscaler(f"{name}-autoscaler", AutoscalerArgs(), opts=after)
+            governor = scale_governor.USER if spec.autoscaler_governor else None
+            self.autoscaler = Autoscaler(
+                f"{name}-autoscaler", AutoscalerArgs(governor_user=governor), opts=after
+            )
         sized = [
             (pool, vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")) for pool in spec.node_pools
         ]

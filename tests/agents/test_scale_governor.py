@@ -121,12 +121,45 @@ def test_a_round_writes_only_the_maxes_that_change() -> None:
     sizes = Recorder()
     g = gov.Governor(lambda: status(seen[0]), sizes, {"a": 900, "b": 900}, 300, 50)
     g.once()
-    assert sizes.writes == [{"a": 75, "b": 75}]
+    assert sizes.writes == [{"a": 75}, {"b": 75}]  # one set at a time
     g.once()
-    assert len(sizes.writes) == 1  # nothing moved
+    assert len(sizes.writes) == 2  # nothing moved
     seen[0] = [group("a", 75, 75), group("b", 0, 75)]
     g.once()
-    assert sizes.writes[-1] == {"a": 225, "b": 0}
+    assert sizes.writes[2:] == [{"b": 0}, {"a": 225}]  # the lower first
+
+
+def test_a_tag_someone_else_set_is_written_again_once_the_autoscaler_shows_it() -> None:
+    """A `pulumi up` that updates a scale set puts back the max tag it stored. Once the autoscaler
+    has had a refresh and two rounds to see the governor's write and shows another max, the
+    governor writes its own again; before that, a differing max is only a refresh not yet taken."""
+    now = [0.0]
+    seen = [[group("a", 10, 900)]]
+    sizes = Recorder()
+    g = gov.Governor(lambda: status(seen[0]), sizes, {"a": 900}, 300, 50, clock=lambda: now[0])
+    g.once()
+    assert sizes.writes == [{"a": 160}]
+    seen[0] = [group("a", 10, 900)]  # the refresh has not come yet
+    now[0] = 30.0
+    g.once()
+    assert len(sizes.writes) == 1
+    now[0] = 81.0  # past 60 s + two 10 s rounds: the autoscaler still sees 900
+    g.once()
+    assert sizes.writes[1:] == [{"a": 160}]
+
+
+def test_a_governor_that_takes_the_lead_writes_every_max_once() -> None:
+    """What the status shows may be older than what the last holder wrote: the first round after
+    starting or taking the lead writes each max, even one the status already shows."""
+    sizes = Recorder()
+    g = gov.Governor(lambda: status([group("a", 10, 160)]), sizes, {"a": 900}, 300, 50)
+    g.once()
+    assert sizes.writes == [{"a": 160}]
+    g.once()
+    assert len(sizes.writes) == 1
+    g.forget()
+    g.once()
+    assert sizes.writes[1:] == [{"a": 160}]
 
 
 def test_a_round_before_the_autoscaler_reported_does_nothing() -> None:

@@ -136,6 +136,7 @@ def test_the_program_is_one_file_on_python3_and_pyyaml() -> None:
     """The role copies this one file to the API-server hosts and runs it with Debian's python3 and
     python3-yaml: it may import nothing else, superkube included."""
     tree = ast.parse(Path(gov.__file__).read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], "a relative import"
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names - set(sys.stdlib_module_names) == {"yaml"}
@@ -173,6 +174,25 @@ def test_a_round_lowers_before_it_raises_and_a_refused_lower_stops_it(azure: Fak
     azure.refuse.clear()
     g.once()  # the next round writes the whole move again, the lower first
     assert azure.patches[-2:] == [("b", {"max": "0"}), ("a", {"max": "225"})]
+
+
+def test_after_a_lower_lands_and_a_raise_is_refused_the_next_round_writes_only_the_raise(
+    azure: FakeAzure,
+) -> None:
+    """Writes go one scale set at a time, so what landed is known: the next round does not write
+    the lower again, and it does not take the landed lower for a raise to order behind it."""
+    seen = [[group("a", 0, 900), group("b", 0, 900)]]
+    g = gov.Governor(lambda: status(seen[0]), tags(azure), {"a": 900, "b": 900}, 300, 50)
+    g.once()
+    seen[0] = [group("a", 75, 75), group("b", 0, 75)]
+    azure.refuse.add("a")  # b's lower lands, a's raise is refused
+    with pytest.raises(gov.ServiceError, match="scale set a: HTTP 409"):
+        g.once()
+    assert (azure.tags["a"]["max"], azure.tags["b"]["max"]) == ("75", "0")
+    azure.refuse.clear()
+    before = len(azure.patches)
+    g.once()
+    assert azure.patches[before:] == [("a", {"max": "225"})]
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +264,10 @@ def test_the_program_acts_only_beside_the_leading_autoscaler(
             assert azure.tags["a"]["max"] == azure.tags["b"]["max"] == "75"
             set_leader(api, "apiserver-3")  # the lead moves on: it stands by again
             wait_for("standing by", lambda: "does not hold the lead" in log.read_text())
+            set_status(api, status([group("a", 75, 75), group("b", 0, 75)]))  # a round would move room
+            written = len(azure.patches)
+            time.sleep(2)
+            assert len(azure.patches) == written, azure.patches[written:]
         finally:
             proc.terminate()
             proc.wait(10)
@@ -257,6 +281,8 @@ def test_the_program_acts_only_beside_the_leading_autoscaler(
         ({"safe_join_rate_per_minute": 1}, "the safe rate at least 2 a minute"),
         ({"ceilings": {}}, "ceilings a map of scale set"),
         ({"surprise": 1}, "want a JSON object with the keys"),
+        ({"refresh_s": 0}, "refresh_s and interval_s > 0"),
+        ({"max_unready": -1}, "max_unready a count >= 0"),
     ],
 )
 def test_bad_settings_are_one_line_and_exit_2(

@@ -571,3 +571,14 @@ def test_the_health_controller_leads_one_at_a_time_and_is_scraped_with_the_agent
     for name in ("superkube-node-health", "superkube-node-health-controller", "superkube-team-taints"):
         verbs = {v for rule in roles[name]["rules"] if "nodes" in rule["resources"] for v in rule["verbs"]}
         assert {"list", "watch"} <= verbs, name
+
+
+def test_a_stack_without_the_governor_grants_its_user_nothing() -> None:
+    from modules.platform import autoscaler as rbac
+
+    users = {
+        s["name"]
+        for o in rbac.manifests(rbac.AutoscalerArgs(governor_user=None))
+        for s in o.get("subjects", [])
+    }
+    assert users == {autoscaling.USER}

@@ -195,18 +195,24 @@ class Governor:
         max_unready: int,
         refresh_s: float = PROVIDER_REFRESH_S,
         interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.read_status = read_status
         self.sizes = sizes
         self.ceilings = dict(ceilings)
         self.room = budget(safe_per_minute, refresh_s)
         self.max_unready = max_unready
+        self.refresh_s = refresh_s
         self.interval = interval
+        self.clock = clock
         self.stop = threading.Event()
         self.rounds: deque[Round] = deque(maxlen=10_000)  # the latest, for the benchmark and logs
-        self.last: dict[str, int] = {}
+        self.last: dict[str, int] = {}  # what this governor wrote and saw land
+        self.written_at: dict[str, float] = {}
         self.targets: dict[str, int] = {}
         self.wanting: set[str] = set()
+        self.fresh = True  # no round has written yet: write every max once
+        self.missing_logged = False
 
     def plan(self, groups: Sequence[Group]) -> dict[str, int]:
         """This round's maxes. A group wants more while the autoscaler grows it (its target rose since
@@ -226,19 +232,44 @@ class Governor:
         groups = parse_status(text)
         maxes = self.plan(groups)
         seen = {g.name: g.max_seen for g in groups}
-        before = {n: self.last.get(n, seen.get(n)) for n in maxes}
+        missing = sorted(set(self.ceilings) - set(seen))
+        if missing and not self.missing_logged:
+            log.warning(
+                "the autoscaler reports no node group named %s: those scale sets are not governed", missing
+            )
+            self.missing_logged = True
+        now = self.clock()
+        for n, m in list(self.last.items()):
+            # a write the autoscaler should have seen by now and does not: another writer (a
+            # `pulumi up` updating the scale set, a person) set the tag since; write ours again
+            if (
+                n in seen
+                and seen[n] != m
+                and now - self.written_at.get(n, now) > self.refresh_s + 2 * self.interval
+            ):
+                log.warning(
+                    "scale set %s: the autoscaler sees max %d, not the %d written; writing it again",
+                    n,
+                    seen[n],
+                    m,
+                )
+                del self.last[n]
+        # a governor that has just started or taken the lead writes every max once: what the status
+        # shows may be older than what the last holder wrote
+        before = {n: None if self.fresh else self.last.get(n, seen.get(n)) for n in maxes}
         changed = {n: m for n, m in maxes.items() if before[n] != m}
 
         # lowered first: a writer that stops half-way, or a refresh that reads between two writes,
         # then sees less room than the round meant, never more
         def raised(item: tuple[str, int]) -> bool:
-            was = before[item[0]]
+            was = self.last.get(item[0], seen.get(item[0]))
             return was is None or item[1] > was
 
         changed = dict(sorted(changed.items(), key=raised))
-        if changed:
-            self.sizes.set_max(changed)
-            self.last.update(changed)
+        for n, m in changed.items():  # one at a time: a refusal leaves `last` true to what landed
+            self.sizes.set_max({n: m})
+            self.last[n], self.written_at[n] = m, now
+        self.fresh = False
         r = Round(
             self.room,
             stuck([g for g in groups if g.name in self.ceilings]) > self.max_unready,
@@ -252,7 +283,8 @@ class Governor:
 
     def forget(self) -> None:
         """Drop what earlier rounds saw: another host's governor acted since (`serve`)."""
-        self.last, self.targets, self.wanting = {}, {}, set()
+        self.last, self.written_at, self.targets, self.wanting = {}, {}, {}, set()
+        self.fresh = True
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -261,7 +293,9 @@ class Governor:
             except StatusError as exc:
                 log.error("%s; nothing changed this round", exc)
             except Exception as exc:  # the API or the provider refused: try again next round
-                log.warning("round failed, nothing changed: %s: %s", exc.__class__.__name__, exc)
+                log.warning(
+                    "round stopped, later writes left to the next: %s: %s", exc.__class__.__name__, exc
+                )
             self.stop.wait(self.interval)
 
 
@@ -435,22 +469,30 @@ class ServiceConfig:
             )
         try:
             config = cls(**data)
+            counts = (config.max_unready, config.safe_join_rate_per_minute, *config.ceilings.values())
             ok = (
                 config.scope.startswith("/subscriptions/")
                 and "/resourceGroups/" in config.scope
-                and config.ceilings
-                and all(isinstance(v, int) and v >= 0 for v in config.ceilings.values())
-                and budget(config.safe_join_rate_per_minute, config.refresh_s) >= 1
+                and bool(config.ceilings)
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts)
+                and config.refresh_s > 0
                 and config.interval_s > 0
             )
+            ok = ok and budget(config.safe_join_rate_per_minute, config.refresh_s) >= 1
         except (TypeError, ValueError, AttributeError) as exc:
             raise ServiceError(f"{path}: {exc}") from None
         if not ok:
+            least = (
+                math.ceil(60 / config.refresh_s) + 1
+                if isinstance(config.refresh_s, int | float) and config.refresh_s > 0
+                else 2
+            )
             raise ServiceError(
                 f"{path}: scope must be a resource group's ID, ceilings a map of scale set to a count >= 0, "
-                f"the safe rate at least {math.ceil(60 / config.refresh_s) + 1} a minute (a node per refresh) "
-                f"and interval_s > 0; got scope {config.scope!r}, ceilings {config.ceilings!r:.100}, safe "
-                f"{config.safe_join_rate_per_minute}, interval {config.interval_s}"
+                f"max_unready a count >= 0, refresh_s and interval_s > 0 and the safe rate at least {least} a "
+                f"minute (a node per refresh); got scope {config.scope!r}, ceilings {config.ceilings!r:.100}, "
+                f"max_unready {config.max_unready!r}, safe {config.safe_join_rate_per_minute!r}, refresh "
+                f"{config.refresh_s!r}, interval {config.interval_s!r}"
             )
         return config
 
