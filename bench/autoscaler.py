@@ -175,13 +175,13 @@ def run_setting(
         with ca_lab.running(api, work / name / "ca", flags) as ca:
             gang_lab.wait_for(
                 "the autoscaler's lease",
-                lambda: gang_lab.leader(api, autoscaling.NAMESPACE, "cluster-autoscaler"),
+                lambda: gang_lab.leader(api, gov.NAMESPACE, gov.LEASE),
                 120,
             )
             preflight = Preflight(api)
             preflight.start()
             # the service's own reader, as its own user with the layer's Role for it (applied above)
-            reader = gov.KubeReader(api.client_kubeconfig("scale-governor", gov.USER))
+            reader = gov.KubeReader(api.client_kubeconfig("scale-governor", autoscaling.GOVERNOR_USER))
             governor = gov.Governor(reader.status, ca_lab.KwokMaxSizes(api), ceilings,
                                     spec.safe_join_rate_per_minute, spec.autoscaler_ok_total_unready_count)  # fmt: skip
             governor.last = {s.name: s.max for s in sets}

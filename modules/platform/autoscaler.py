@@ -28,7 +28,7 @@ COMPONENT = "autoscaler"
 class AutoscalerArgs:
     user: str = autoscaling.USER
     """The Kubernetes user the autoscaler acts as: its client certificate's CN (default: cluster-autoscaler)."""
-    governor_user: str | None = scale_governor.USER
+    governor_user: str | None = autoscaling.GOVERNOR_USER
     """The user the scale-up governor beside it acts as (default: superkube-scale-governor); None: no governor."""
 
     def __post_init__(self) -> None:
@@ -82,7 +82,7 @@ def _rules() -> list[dict[str, list[str]]]:
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "resourceNames": [NAME],
+            "resourceNames": [scale_governor.LEASE],
             "verbs": ["get", "update"],
         },
     ]

@@ -23,7 +23,7 @@ from modules.platform.monitoring_access import MonitoringAccess, MonitoringAcces
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.serving_certs import ServingCerts, ServingCertsArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
-from superkube.agents import scale_governor
+from superkube.cluster import autoscaling
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
 
@@ -71,7 +71,7 @@ class InClusterLayer(pulumi.ComponentResource):
         # with autoscaler_enabled false the scale sets carry no discovery tags: nothing to permit
         self.autoscaler = None
         if spec.autoscaler_enabled:
-            governor = scale_governor.USER if spec.autoscaler_governor else None
+            governor = autoscaling.GOVERNOR_USER if spec.autoscaler_governor else None
             self.autoscaler = Autoscaler(
                 f"{name}-autoscaler", AutoscalerArgs(governor_user=governor), opts=after
             )

@@ -334,12 +334,8 @@ def _join_rate(view: StackView, config: RuleConfig) -> Iterator[Finding]:
         yield from _governed_join_rate(view, config, governor, host)
         return
     per_scaleup = _flag(args, "max-nodes-per-scaleup") or "1000"
-    interval = (_flag(args, "scan-interval") or "10s").removesuffix("s")
-    if not (per_scaleup.isdigit() and interval.isdigit() and int(interval) > 0):
-        yield Finding(
-            f"cannot read --max-nodes-per-scaleup {per_scaleup!r} / --scan-interval {interval!r}s",
-            host,
-        )
+    if not per_scaleup.isdigit():
+        yield Finding(f"cannot read --max-nodes-per-scaleup {per_scaleup!r}", host)
         return
     pools: dict[str, list[PlanResource]] = defaultdict(list)
     for s in _autoscaled_sets(view):

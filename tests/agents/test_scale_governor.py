@@ -217,11 +217,11 @@ def test_in_the_lab_a_round_reads_the_real_status_and_writes_the_kwok_templates(
     it changes."""
     sets = ca_lab.scale_sets(flagship_plan, pool="gpu")
     apply(api, *[o for o in ca_lab.provider_objects(sets) if o["kind"] == "ConfigMap"])
-    apply(api, *autoscaler_rbac.governor_manifests(gov.USER))
+    apply(api, *autoscaler_rbac.governor_manifests(autoscaling.GOVERNOR_USER))
     apiserver.kubectl(
         api, "delete", "configmap", gov.STATUS_CONFIGMAP, "-n", gov.NAMESPACE, "--ignore-not-found"
     )
-    reader = gov.KubeReader(api.client_kubeconfig("scale-governor", gov.USER))
+    reader = gov.KubeReader(api.client_kubeconfig("scale-governor", autoscaling.GOVERNOR_USER))
     assert reader.status() is None  # the autoscaler has not written it yet
     reading = READING.read_text()
     apply(api, {"apiVersion": "v1", "kind": "ConfigMap", "data": {"status": reading},

@@ -27,6 +27,7 @@ import pytest
 
 from modules.platform import autoscaler as autoscaler_rbac
 from superkube.agents import scale_governor as gov
+from superkube.cluster import autoscaling
 from superkube.lab.apiserver import LocalApi
 from tests.agents.conftest import apply
 from tests.agents.test_scale_governor import group, status
@@ -140,6 +141,8 @@ def test_the_program_is_one_file_on_python3_and_pyyaml() -> None:
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names - set(sys.stdlib_module_names) == {"yaml"}
+    # so it names the autoscaler's namespace itself: the same one the plan runs the autoscaler in
+    assert gov.NAMESPACE == autoscaling.NAMESPACE
 
 
 def test_a_write_merges_only_the_max_tag_with_one_token(azure: FakeAzure) -> None:
@@ -198,8 +201,8 @@ def test_after_a_lower_lands_and_a_raise_is_refused_the_next_round_writes_only_t
 @pytest.fixture(scope="module")
 def reader(api: LocalApi) -> gov.KubeReader:
     """The service's reader as its own user, with the in-cluster layer's Role for it."""
-    apply(api, *autoscaler_rbac.governor_manifests(gov.USER))
-    return gov.KubeReader(api.client_kubeconfig("scale-governor", gov.USER))
+    apply(api, *autoscaler_rbac.governor_manifests(autoscaling.GOVERNOR_USER))
+    return gov.KubeReader(api.client_kubeconfig("scale-governor", autoscaling.GOVERNOR_USER))
 
 
 def set_leader(api: LocalApi, host: str) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import yaml
 
-from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.cluster.inventory import cluster_facts
@@ -100,12 +99,12 @@ def test_the_autoscaler_runs_on_the_api_servers_not_as_a_pod(any_plan: Plan) -> 
     objs = layer.objects(any_plan)["autoscaler"]
     kinds = ["ClusterRole", "ClusterRoleBinding", "Role", "Role", "RoleBinding", "RoleBinding"]
     assert sorted(o["kind"] for o in objs) == kinds
-    users = {autoscaling.USER: 0, scale_governor.USER: 0}
+    users = {autoscaling.USER: 0, autoscaling.GOVERNOR_USER: 0}
     for binding in (o for o in objs if o["kind"].endswith("Binding")):
         (subject,) = binding["subjects"]
         assert subject["kind"] == "User" and subject["name"] in users
         users[subject["name"]] += 1
-    assert users == {autoscaling.USER: 2, scale_governor.USER: 1}
+    assert users == {autoscaling.USER: 2, autoscaling.GOVERNOR_USER: 1}
     for vm in (r for r in any_plan.of_type("azure-native:compute:VirtualMachine") if "apiservers" in r.name):
         assert vm.inputs["identity"]["userAssignedIdentities"], vm.name
         assert vm.inputs["tags"][autoscaling.IDENTITY_TAG] and vm.inputs["tags"][autoscaling.SCOPE_TAG]

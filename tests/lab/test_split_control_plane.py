@@ -287,9 +287,10 @@ def test_the_scale_governor_is_installed_beside_the_autoscaler(
         assert written == {**settings, "scope": "", "client_id": ""}, host
         config = yaml.safe_load(sh(control_plane, host, "cat /etc/kubernetes/scale-governor.conf"))
         (user,) = config["users"]
-        assert user["name"] == scale_governor.USER, host
+        assert user["name"] == autoscaling.GOVERNOR_USER, host
         assert (
-            _subject(control_plane, host, user["user"]["client-certificate"]) == f"CN={scale_governor.USER}"
+            _subject(control_plane, host, user["user"]["client-certificate"])
+            == f"CN={autoscaling.GOVERNOR_USER}"
         )
         unit = "/etc/systemd/system/superkube-scale-governor.service"
         verify = lab.ssh(control_plane, control_plane.host(host), f"systemd-analyze verify {unit}")

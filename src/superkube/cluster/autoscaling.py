@@ -58,6 +58,9 @@ def template_tag(kind: str, name: str) -> str:
 
 
 USER = "cluster-autoscaler"
+GOVERNOR_USER = "superkube-scale-governor"
+"""The user the scale-up governor beside it acts as (the in-cluster layer's Role binds it; the
+inventory hands it to kube_pki and the scale_governor role)."""
 """The Kubernetes user the autoscaler acts as (its client certificate's CN; RBAC binds this user)."""
 NAMESPACE = "kube-system"
 """Where its leader-election lease and status ConfigMap live."""

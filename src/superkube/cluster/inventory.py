@@ -31,6 +31,7 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         # cluster-autoscaler's command line for its host service on the API servers (none: not run)
         "autoscaler_flags": autoscaling.flags(spec, addresses.cluster) if spec.autoscaler_enabled else [],
         "autoscaler_user": autoscaling.USER,
+        "scale_governor_user": autoscaling.GOVERNOR_USER,
         # the scale-up governor beside it (none: not run); the host adds the scope and identity
         "scale_governor": autoscaling.governor_settings(spec, addresses),
         **kube.facts(spec, addresses),

@@ -89,13 +89,9 @@ class ScaleSet:
     labels: dict[str, str]
     taints: list[dict[str, str]]
     resources: dict[str, str]
-    capacity: int = 0
+    capacity: int
     """The most nodes the plan lets it hold (`superkube-capacity`): the governor's ceiling, where its
-    `max` tag is the governor's first step (0: the max)."""
-
-    def __post_init__(self) -> None:
-        if not self.capacity:
-            object.__setattr__(self, "capacity", self.max)
+    `max` tag is the governor's first step."""
 
 
 def _tag_name(encoded: str) -> str:
