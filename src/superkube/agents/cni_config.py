@@ -65,7 +65,7 @@ def _get(url: str, timeout: float) -> Any:
         raise MetadataError(f"{url}: the answer is not JSON ({body[:60]!r})") from None
 
 
-def fetch(path: str, *, base: str = IMDS, tries: int = 5, timeout: float = 2.0) -> Any:
+def fetch(path: str, *, base: str = IMDS, tries: int = 5, timeout: float = 5.0) -> Any:
     """GET one metadata document, retrying while the service is not up yet (early boot)."""
     url = f"{base}{path}?api-version={API_VERSION}"
     last = ""
