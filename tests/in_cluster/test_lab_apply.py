@@ -1,18 +1,23 @@
-"""`superkube lab apply` offline: what it sends for the layer's one secret, and its one-line refusals.
+"""`superkube lab apply` offline: what it sends for the layer's one secret, what it changes for the
+lab's GPU-less nodes, and its one-line refusals.
 Applying to a real API server is tests/lab/test_running_control_plane.py."""
 
 from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from modules.platform import node_health
+from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_probe
 from superkube.cli import app
+from superkube.lab import agent_pods, layer
 from superkube.lab import hosts as lab
-from superkube.lab import layer
 from superkube.lab.errors import LabError
+from superkube.plan import layer as plan_layer
 from tests import tls
 
 
@@ -53,3 +58,70 @@ def test_lab_apply_before_converge_says_to_converge(tmp_path: Path) -> None:
         layer.kubectl(fleet)
     with pytest.raises(LabError, match="the lab has no kubectl build: run `superkube lab build`"):
         layer.kubectl(lab.Lab(hosts=[], subnets=[], state_dir=str(tmp_path), base_image=""))
+
+
+def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_plan: Any) -> None:
+    """superkube.lab.agent_pods' list, and nothing more: the GPU readings from a host file, preflight
+    without the burn on the agents' image, rounds of seconds, the breaker for a two-node pool, no
+    periodic GPU test. Every other object goes to the lab's API server as the plan holds it."""
+    objects = [o for objs in plan_layer.objects(flagship_plan).values() for o in objs]
+    changed = {}
+    for obj in objects:
+        lab_obj = agent_pods.lab_only(obj)
+        if lab_obj != obj:
+            changed[obj["metadata"]["name"]] = (obj, lab_obj)
+    pools = [p.name for p in flagship_plan.spec.node_pools if p.role == "gpu"]
+    assert set(changed) == {
+        node_health.HEALTH_CONTROLLER,
+        *(f"{a}-{p}" for a in (node_health.HEALTH, node_health.PREFLIGHT) for p in pools),
+    }
+    left = {o["metadata"]["name"] for o in objects if agent_pods.left_out(o)}
+    assert left == {f"{node_health.GPU_TEST}-{p}" for p in pools}
+    for pool in pools:
+        before, after = changed[f"{node_health.PREFLIGHT}-{pool}"]
+        (container,) = after["spec"]["template"]["spec"]["containers"]
+        assert before["spec"]["template"]["spec"]["containers"][0]["image"] == GPU_TESTS_IMAGE
+        assert container["image"] == AGENTS_IMAGE
+        assert container["resources"] == node_health.AGENT_RESOURCES
+        flags = [c for c in container["command"] if c.startswith("--")]
+        assert "--burn-seconds=0" in flags and f"--interval={agent_pods.ROUND_S}" in flags
+        assert len([f for f in flags if f.startswith("--burn-seconds")]) == 1
+        reading = f"--reading={agent_pods.MOUNT}/gpu-reading.json"
+        _, health = changed[f"{node_health.HEALTH}-{pool}"]
+        for ds in (after, health):
+            pod = ds["spec"]["template"]["spec"]
+            assert reading in pod["containers"][0]["command"]
+            assert {
+                "name": "lab-reading",
+                "hostPath": {"path": agent_pods.READING_DIR, "type": "DirectoryOrCreate"},
+            } in pod["volumes"]
+        # what it changed, and only that: the rest of the pod template is the plan's
+        for ds_before, ds_after in (
+            changed[f"{node_health.PREFLIGHT}-{pool}"],
+            changed[f"{node_health.HEALTH}-{pool}"],
+        ):
+            keep = {
+                k: v
+                for k, v in ds_before["spec"]["template"]["spec"].items()
+                if k not in ("containers", "volumes")
+            }
+            assert {k: ds_after["spec"]["template"]["spec"][k] for k in keep} == keep
+            assert ds_after["metadata"] == ds_before["metadata"]
+    _, controller = changed[node_health.HEALTH_CONTROLLER]
+    assert (
+        f"--max-cordoned-share={agent_pods.BREAKER_SHARE}"
+        in controller["spec"]["template"]["spec"]["containers"][0]["command"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "level"), [("healthy", "healthy"), ("gpu-missing", "fatal"), ("xid-79", "fatal")]
+)
+def test_a_lab_gpu_nodes_reading_is_one_the_agents_accept_and_judge(
+    fault: str, level: str, tmp_path: Path
+) -> None:
+    agent_pods.write_reading(tmp_path, "gpu-1", "Standard_ND96isr_H100_v5", 8, fault)
+    reading = gpu_probe.load_reading(tmp_path / agent_pods.READING.lstrip("/"))
+    assert gpu_probe.verdict(reading).level == level
+    with pytest.raises(ValueError, match="fault 'melted': one of healthy, gpu-missing, xid-79"):
+        agent_pods.reading("gpu-1", "Standard_ND96isr_H100_v5", 8, "melted")

@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,8 @@ from superkube.lab import layer
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
-CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
+# (the second GPU node joins in test_running_the_agents, watched, behind a preflight that fails first)
+CONTROL_PLANE = "gpu_nodes=2,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
 POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + store (+ hub client, internet)
 
 
@@ -165,3 +167,37 @@ def deliver(
     sh(fleet_, receiver, f"(timeout 120 {into[1]}python3 -c {sink} > /dev/null 2>&1 &)")
     send = shlex.quote(_SEND.format(ip=ip, port=port, size=size))
     return int(sh(fleet_, sender, f"{into[0]}python3 -c {send}", timeout=120).strip())
+
+
+class NodeWatch:
+    """Every version of the cluster's Nodes the API server sends a watch, from the list that opens it
+    to `stop()`: how a Node looked when its kubelet registered it, before any agent changed it."""
+
+    def __init__(self, fleet: lab.Lab) -> None:
+        command = [*layer.kubectl(fleet), "get", "nodes", "--watch", "--output-watch-events", "-o", "json"]
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self.proc.stdout:
+            buffer += line
+            try:
+                event, end = decoder.raw_decode(buffer.lstrip())
+            except json.JSONDecodeError:
+                continue  # an object printed over several lines: not whole yet
+            buffer = buffer.lstrip()[end:]
+            self.events.append((event["type"], event["object"]))
+
+    def versions(self, name: str) -> list[dict[str, Any]]:
+        return [obj for _, obj in self.events if obj["metadata"]["name"] == name]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()

@@ -28,13 +28,15 @@ from superkube.lab import hosts as lab
 from superkube.lab import nodes
 from superkube.model import rates, teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from tests.lab.conftest import Labs, get, kubectl, ok, sh
+from tests.lab.conftest import Labs, NodeWatch, get, kubectl, ok, sh
 
 NODES = ("gpu-1", "cpu-1")
 KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 # labels every kubelet sets on its own Node; the rest come from the registration cloud-init wrote
 KUBELET_LABELS = ("kubernetes.io/", "beta.kubernetes.io/")
+# taints Kubernetes keeps by the node's conditions (the kubelet registers with not-ready)
+CONDITION_TAINTS = "node.kubernetes.io/"
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,18 @@ def joined(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
     labs.converge(control_plane)
     applied = CliRunner().invoke(app, ["lab", "apply"])  # the scheduler's RBAC for its plugins is in it
     assert applied.exit_code == 0, applied.output
-    done = nodes.join(control_plane, NODES)
+    watch = NodeWatch(control_plane)  # the Nodes as registered: preflight lifts its taint seconds later
+    try:
+        done = nodes.join(control_plane, NODES)
+    finally:
+        watch.stop()
     first = {name: sh(control_plane, name, f"readlink -f {CLIENT_CERT}").strip() for name in NODES}
-    return {"joined": {j.name: j.kubelet_to_ready_s for j in done}, "first_cert": first}
+    registered = {name: watch.versions(name)[0] for name in NODES}
+    return {
+        "joined": {j.name: j.kubelet_to_ready_s for j in done},
+        "first_cert": first,
+        "registered": registered,
+    }
 
 
 def _requested_cn(csr: dict[str, Any]) -> str:
@@ -99,10 +110,12 @@ def test_each_csr_came_by_bootstrap_token_and_was_approved_and_signed(
 def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
     control_plane: lab.Lab, joined: dict[str, Any]
 ) -> None:
+    """As each kubelet registered its Node (the first version a watch saw): the GPU node's preflight
+    pod lifts its taint and label seconds later (test_running_the_agents)."""
     for name in NODES:
         host = control_plane.host(name)
         tags = control_plane.pools[host.pool]["tags"]
-        node = get(control_plane, "node", name)
+        node = joined["registered"][name]
         labels = {
             autoscaling.template_tag("label", k): v
             for k, v in node["metadata"]["labels"].items()
@@ -111,6 +124,7 @@ def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
         taints = {
             autoscaling.template_tag("taint", t["key"]): f"{t.get('value', '')}:{t['effect']}"
             for t in node["spec"].get("taints") or []
+            if not t["key"].startswith(CONDITION_TAINTS)  # not-ready, until the node is Ready
         }
         label_tags = {k: v for k, v in tags.items() if k.startswith(autoscaling.template_tag("label", ""))}
         taint_tags = {k: v for k, v in tags.items() if k.startswith(autoscaling.template_tag("taint", ""))}
@@ -118,9 +132,12 @@ def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
         assert taints == taint_tags, name
     # the GPU node waits behind the preflight taint, and is its team's from the start (flagship's GPU
     # pool is capacity anyone may borrow); the CPU node has neither
-    gpu_taints = {(t["key"], t.get("value")) for t in get(control_plane, "node", "gpu-1")["spec"]["taints"]}
-    assert gpu_taints == {(PREFLIGHT_TAINT_KEY, "pending"), (teams.TEAM_KEY, teams.ANY)}, gpu_taints
-    assert not get(control_plane, "node", "cpu-1")["spec"].get("taints")
+    registered = {
+        name: {(t["key"], t.get("value")) for t in node["spec"].get("taints") or [] if not t["key"].startswith(CONDITION_TAINTS)}
+        for name, node in joined["registered"].items()
+    }  # fmt: skip
+    assert registered["gpu-1"] == {(PREFLIGHT_TAINT_KEY, "pending"), (teams.TEAM_KEY, teams.ANY)}, registered
+    assert not registered["cpu-1"], registered
 
 
 def _as_node(fleet: lab.Lab, name: str, method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
@@ -152,9 +169,9 @@ def test_a_nodes_credentials_change_its_own_node_but_not_another(
     assert code == 403, answer
 
 
-# In kube-system: the team webhook (fail-closed) asks about every pod outside the system namespaces,
-# and on the lab it cannot answer yet (the agents' image is not built for the lab's nodes yet). A
-# GPU node registers with its team's taint (flagship's GPU pool: any), so the pods tolerate it.
+# In kube-system: the team webhook asks about every pod outside the system namespaces and refuses a
+# toleration of team nodes a pod is not owed; these pods tolerate the GPU node's taints (flagship's
+# GPU pool: any) to be placed where the test says (the webhook's own test: test_running_the_agents).
 POD = """apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: kube-system, labels: {{superkube.io/test: runtime}}}}

@@ -52,8 +52,9 @@ from superkube.cluster.kube import (
     MONITORING,
     NAT_HOST,
 )
-from superkube.lab import build, loadbalancer
+from superkube.lab import agent_pods, build, loadbalancer
 from superkube.lab.errors import LabError
+from superkube.model import vmsizes
 from superkube.model.ipam import FIRST_HOST_OFFSET
 
 PREFIX = "sklab"
@@ -685,6 +686,9 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
         os.chmod(target, int(mode, 8))
     if host.is_node:
         _write_kubelet_host_unit(merged)
+    if host.group == GPU_NODES:  # its GPUs: what NVML would read there (superkube.lab.agent_pods)
+        vm = vmsizes.size(lab.pools[host.pool]["vm_size"], f"pool {host.pool}")
+        agent_pods.write_reading(merged, host.name, vm.name, vm.gpus)
     ssh = merged / "root" / ".ssh"
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh / "authorized_keys").write_text(Path(str(lab.key) + ".pub").read_text())
@@ -892,13 +896,16 @@ def write_inventory(lab: Lab) -> Path:
     return lab.inventory
 
 
-def lab_images() -> dict[str, dict[str, str]]:
-    """The images the lab's nodes import (built from the project's own sources, cached beside the
-    components' builds)."""
-    from superkube.lab import images
+def lab_images(base_root: Path) -> dict[str, dict[str, str]]:
+    """The images the lab's nodes import, built from the project's own sources and cached beside the
+    components' builds: the sandbox, netload, and the agents' image (on the lab's base image
+    `base_root`), imported under the name the layer pins, so the layer's agents start on the lab's
+    nodes as they would from a registry."""
+    from superkube.lab import agents_image, images
 
     try:
-        return {name: image.as_fact() for name, image in images.lab_images().items()}
+        built = [images.pause(), images.netload(), agents_image.agents(base_root)]
+        return {image.name: image.as_fact() for image in built}
     except build.BuildError as exc:
         raise LabError(f"lab up needs its node images: {exc}") from None
 
@@ -937,7 +944,7 @@ def up(
         # hosts get none (converge leaves a component the lab has no build of stopped)
         builds.pop("kube-proxy", None)
     progress("the node images (OCI archives)", 0.55)
-    images = lab_images()
+    images = lab_images(base)
     state_dir.mkdir(parents=True, exist_ok=True)
     progress("planning the stack's cloud-init and NICs", 0.6)
     cloud_init, pools = pool_facts()

@@ -2,8 +2,8 @@
 named by their content digest, and imported into each lab node's containerd by converge.
 
 The lab's hosts reach no registry, so the images a pod needs arrive as files: the sandbox image (our
-own `pause`, from images/pause) and `netload` (images/netload), which measures a pod's network (the
-agents' image, superkube.lab.agents_image, is made the same way). An
+own `pause`, from images/pause), `netload` (images/netload), which measures a pod's network, and the
+agents' image (superkube.lab.agents_image, made the same way from the project's wheel). An
 archive is an OCI image layout in one tar: `oci-layout`, `index.json` (one linux/amd64 manifest, with
 the name containerd imports it under) and the blobs.
 Every byte is deterministic (sorted entries, zero times and owners, gzip without a name or time), so
@@ -202,13 +202,3 @@ def pause(cache_dir: Path = build.CACHE_DIR) -> Image:
 def netload(cache_dir: Path = build.CACHE_DIR) -> Image:
     """A pod that measures its network (images/netload): the lab's egress-limit and Service tests."""
     return go_image("netload", cache_dir)
-
-
-def lab_images(cache_dir: Path = build.CACHE_DIR) -> dict[str, Image]:
-    """Every image the lab's nodes get, by name.
-
-    Not yet the agents' image (superkube.lab.agents_image): imported under the name the layer pins, it
-    starts the layer's agents for real. Nodes now register with their team's taint, as their node
-    template says (it once came 35 s after Ready, from the reconciler); the preflight stand-in and
-    the health agent's readings come before the agents run in the lab."""
-    return {"pause": pause(cache_dir), "netload": netload(cache_dir)}

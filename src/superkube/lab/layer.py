@@ -21,6 +21,7 @@ from typing import Any
 
 from superkube.cluster import render
 from superkube.cluster.render import SECRET
+from superkube.lab import agent_pods
 from superkube.lab.hosts import LAB_STACK, SWITCH, Lab, LabError
 from superkube.model import teams
 
@@ -93,13 +94,14 @@ def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def _stood_in(obj: dict[str, Any]) -> bool:
     """An object the lab runs another way and so leaves out: the serving-certificate approver's
-    Deployment, whose program `lab join` runs from this machine (`nodes.approve_serving`). Its pods
-    would wait for an image no lab node has, and, at system-cluster-critical on the lab's one CPU
-    node, preempt the pods the tests place there."""
+    Deployment, whose program `lab join` runs from this machine (`nodes.approve_serving`): its
+    replicas, at system-cluster-critical on the lab's one CPU node, would preempt the pods the tests
+    place there. And what the lab has no GPUs for (`agent_pods.left_out`)."""
     from modules.platform import serving_certs
 
     meta = obj.get("metadata") or {}
-    return obj.get("kind") == "Deployment" and meta.get("name") == serving_certs.NAME
+    approver = obj.get("kind") == "Deployment" and meta.get("name") == serving_certs.NAME
+    return approver or agent_pods.left_out(obj)
 
 
 def apply(
@@ -114,7 +116,7 @@ def apply(
     progress(f"planning stack {stack}")
     plan = planning.run(project or planning.find_project(), stack, secrets={teams.WEBHOOK_TLS_KEY: bundle})
     by_component = {
-        c: [_with_secret_data(o, bundle) for o in objs if not _stood_in(o)]
+        c: [_with_secret_data(agent_pods.lab_only(o), bundle) for o in objs if not _stood_in(o)]
         for c, objs in layer.objects(plan).items()
     }
     if not by_component:
