@@ -12,6 +12,7 @@ import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -136,6 +137,31 @@ def test_a_node_behind_the_preflight_taint_is_left_to_preflight() -> None:
     assert nh.decide(verdict_of("xid-79-off-the-bus"), n, [n, *POOL[1:]], PODS, 0.05) == nh.Decision(
         cordoned_share=0.0
     )
+
+
+def test_behind_the_preflight_taint_the_agent_reports_preflight_not_its_reading() -> None:
+    """A fatal verdict written during a failed preflight would outlive the pass that lifts the taint,
+    and the controller would cordon a node that had just passed (the lab saw it)."""
+    fatal = verdict_of("xid-79-off-the-bus")
+    assert nh.note(fatal, node("gpu-1", preflight=True)) == nh.IN_PREFLIGHT
+    assert (
+        nh.reported(
+            {"metadata": {"name": "gpu-1", "annotations": {nh.VERDICT_ANNOTATION: nh.IN_PREFLIGHT}}}
+        ).level
+        == "healthy"
+    )  # type: ignore[union-attr]
+    assert nh.note(fatal, node("gpu-1")).startswith("fatal")  # past preflight: what the GPUs read
+    patches: list[dict[str, Any]] = []
+    for behind, expected in ((True, nh.IN_PREFLIGHT), (False, "fatal")):
+        agent = nh.Agent(
+            "gpu-1", "gpu", lambda: fatal, SimpleNamespace(patch_node=lambda n, p: patches.append(p)),
+            lambda behind=behind: node("gpu-1", preflight=behind),
+        )  # fmt: skip
+        assert agent.round().startswith(expected)
+    assert [p["metadata"]["annotations"][nh.VERDICT_ANNOTATION].split(":")[0] for p in patches] == [
+        nh.IN_PREFLIGHT,
+        "fatal",
+    ]
 
 
 def test_an_already_cordoned_node_only_moves_what_is_left() -> None:

@@ -5,7 +5,8 @@ reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in
 src/superkube/data/gpu_health.yaml), folds in a failed periodic GPU test (the annotation
 `superkube.io/gpu-test-result` that superkube.agents.gpu_test writes), and writes the verdict to
 its own Node, in the annotation `superkube.io/health-verdict` ("fatal: <reasons>", "warning:
-<reasons>" or "healthy"), only when it changed. A warning is also an Event on the node, once per
+<reasons>", "healthy", or "preflight" while the node is behind the preflight taint, which preflight
+judges), only when it changed. A warning is also an Event on the node, once per
 distinct set of reasons.
 
 It reads and writes nothing but its own Node: its node comes from a watch on that one object
@@ -167,8 +168,18 @@ def with_periodic_test(verdict: gpu_probe.Verdict, failed_test: str | None) -> g
     return gpu_probe.Verdict(verdict.node, "fatal", [*verdict.findings, finding])
 
 
-def note(verdict: gpu_probe.Verdict) -> str:
-    """The verdict as the agent writes it on its node: its level, and the reasons of that level."""
+IN_PREFLIGHT = "preflight"  # the verdict written while preflight judges the node (not fatal, not warning)
+
+
+def note(verdict: gpu_probe.Verdict, node: Mapping[str, Any] | None = None) -> str:
+    """The verdict as the agent writes it on its node: its level, and the reasons of that level.
+
+    While the node is behind the preflight taint it is IN_PREFLIGHT, whatever the GPUs read:
+    preflight judges the node then, and a fatal verdict written during a failed preflight would
+    outlive the pass that lifts the taint, so the controller would cordon a node that had just
+    passed (seen in the lab) until the agent's next round."""
+    if node is not None and in_preflight(node):
+        return IN_PREFLIGHT
     if verdict.level in ("fatal", "warning"):
         return _summary(verdict, verdict.level) or verdict.level
     return "healthy"
@@ -255,7 +266,7 @@ class Agent:
         test = gpu_test.failed(node)
         self.metrics.gpu_test_failed.labels(self.pool).set(1 if test else 0)
         verdict = with_periodic_test(verdict, test)
-        value = note(verdict)
+        value = note(verdict, node)
         current = ((node.get("metadata") or {}).get("annotations") or {}).get(VERDICT_ANNOTATION)
         at = now()
         if value != current:
@@ -265,9 +276,9 @@ class Agent:
             else:
                 (log.warning if verdict.level == "fatal" else log.info)("report: %s", value)
                 self.kube.patch_node(self.node, report_patch(value, at))
-        if verdict.level == "warning" and value != self.warned and not self.dry_run:
+        if verdict.level == "warning" and value != IN_PREFLIGHT and value != self.warned and not self.dry_run:
             self.kube.create_event(event(node, COMPONENT, "Warning", "GPUHealthWarning", value, at))
-        self.warned = value if verdict.level == "warning" else ""
+        self.warned = value if verdict.level == "warning" and value != IN_PREFLIGHT else ""
         self.metrics.api_up.set(1)
         return value
 
