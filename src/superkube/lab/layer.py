@@ -88,8 +88,12 @@ def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[s
 
 
 def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-    return lines[-1].strip() if lines else f"exit {proc.returncode}, no output"
+    """kubectl's last error line; with none (a kubectl that died), its exit status and what it had done."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if lines:
+        return lines[-1].strip()
+    done = [line for line in proc.stdout.splitlines() if line.strip()]
+    return f"kubectl exited {proc.returncode} with no error" + (f" after {done[-1].strip()}" if done else "")
 
 
 def _stood_in(obj: dict[str, Any]) -> bool:
