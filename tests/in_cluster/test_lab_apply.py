@@ -86,7 +86,7 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
         flags = [c for c in container["command"] if c.startswith("--")]
         assert "--burn-seconds=0" in flags and f"--interval={agent_pods.ROUND_S}" in flags
         assert len([f for f in flags if f.startswith("--burn-seconds")]) == 1
-        reading = f"--reading={agent_pods.MOUNT}/gpu-reading.json"
+        reading = f"--reading={agent_pods.MOUNT}/{Path(agent_pods.READING).name}"
         _, health = changed[f"{node_health.HEALTH}-{pool}"]
         for ds in (after, health):
             pod = ds["spec"]["template"]["spec"]

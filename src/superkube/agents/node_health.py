@@ -276,9 +276,10 @@ class Agent:
             else:
                 (log.warning if verdict.level == "fatal" else log.info)("report: %s", value)
                 self.kube.patch_node(self.node, report_patch(value, at))
-        if verdict.level == "warning" and value != IN_PREFLIGHT and value != self.warned and not self.dry_run:
+        warning = verdict.level == "warning" and value != IN_PREFLIGHT  # preflight judges it for now
+        if warning and value != self.warned and not self.dry_run:
             self.kube.create_event(event(node, COMPONENT, "Warning", "GPUHealthWarning", value, at))
-        self.warned = value if verdict.level == "warning" and value != IN_PREFLIGHT else ""
+        self.warned = value if warning else ""
         self.metrics.api_up.set(1)
         return value
 
