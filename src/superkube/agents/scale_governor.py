@@ -381,6 +381,16 @@ class KubeReader:
                 return None
             raise
 
+    def create(self, path: str, body: Mapping[str, Any]) -> Any:
+        """POST `body` to the collection at `path`; the object the API server made."""
+        req = urllib.request.Request(
+            self.server + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Accept": "application/json", "Content-Type": "application/json"},
+        )
+        return _read_json(req, f"POST {path}", self.timeout, self.tls)
+
     def status(self) -> str | None:
         cm = self.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{STATUS_CONFIGMAP}")
         return ((cm or {}).get("data") or {}).get("status") or None

@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from superkube.agents.serving_certs import NODES_GROUP
+from superkube.cluster.join import Token
 
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
@@ -61,18 +62,6 @@ SIGNED_TIMEOUT_S = 120
 """how long one join waits for its certificate before it counts as failed"""
 MAX_429 = 10  # client-go's default retries of a request the server throttled
 _TOKEN_CHARS = string.ascii_lowercase + string.digits
-
-
-@dataclass(frozen=True)
-class Token:
-    """A bootstrap token: `<id>.<secret>`, [a-z0-9]{6}.[a-z0-9]{16}."""
-
-    id: str
-    secret: str
-
-    @property
-    def value(self) -> str:
-        return f"{self.id}.{self.secret}"
 
 
 def new_tokens(n: int) -> list[Token]:

@@ -1,0 +1,279 @@
+"""The join-token publisher: a short-lived bootstrap token, issued in the cluster and written into
+every node scale set's model, so an instance Azure creates joins from its custom data alone.
+
+Each round:
+1. it finds the newest token it published that is still valid (Secrets of type
+   bootstrap.kubernetes.io/token labelled `superkube.io/join-token=<cluster>`);
+2. when there is none, or it has less than `ttl_s - rotate_s` left, it makes a new one, valid for
+   `ttl_s` (`superkube.cluster.join.token_secret`);
+3. it writes each scale set's custom data (the plan's document plus the bootstrap kubeconfig that
+   carries the token) where the platform reads it for new instances: the scale set's model through
+   Azure Resource Manager (`ArmModels`, as the identity the API-server hosts carry), or a folder
+   (`DirectoryModels`: the lab, whose fabric boots instances from it). A scale set already given
+   this token is not written again; the first refusal ends the round, and the next round retries.
+
+Old tokens are never deleted here: each expires by itself (the API server refuses it, the
+controller-manager's tokencleaner deletes its Secret), so an instance created from the previous
+model still joins within its token's life. To revoke a token at once, delete its Secret: the next
+round finds no valid token, issues a new one and writes every model again.
+
+    python -m superkube.agents.join_tokens --config FILE --kubeconfig FILE [--once]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from superkube.agents.scale_governor import ARM, IMDS_TOKEN, AzureTags, KubeReader, ServiceError, _read_json
+from superkube.cluster import cloudinit, join
+
+log = logging.getLogger("superkube.join_tokens")
+
+VMSS_API_VERSION = "2024-07-01"
+"""Compute's API for a scale set's model: a PATCH of `virtualMachineProfile.osProfile.customData`
+changes the model; instances made from then on boot with it (running ones are left as they are)."""
+CUSTOM_DATA_SUFFIX = ".customdata"
+
+
+class Models(Protocol):
+    def publish(self, scale_set: str, custom_data: str) -> None:
+        """Make `custom_data` (base64) what the scale set's new instances boot with."""
+
+
+class ArmModels:
+    """Scale sets' models through Azure Resource Manager, as a user-assigned managed identity."""
+
+    def __init__(self, azure: AzureTags, timeout: float = 30.0) -> None:
+        self.azure, self.timeout = azure, timeout
+
+    def publish(self, scale_set: str, custom_data: str) -> None:
+        url = f"{self.azure.arm}{self.azure.resource(scale_set)}?api-version={VMSS_API_VERSION}"
+        body = {"properties": {"virtualMachineProfile": {"osProfile": {"customData": custom_data}}}}
+        req = urllib.request.Request(
+            url,
+            data=json.dumps(body).encode(),
+            method="PATCH",
+            headers={"Authorization": f"Bearer {self.azure.token()}", "Content-Type": "application/json"},
+        )
+        _read_json(req, f"writing scale set {scale_set}'s custom data", self.timeout)
+
+
+class DirectoryModels:
+    """Scale sets' models as files, `<folder>/<scale set>.customdata`, written whole (a reader never
+    sees half of one), readable by root alone."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, scale_set: str) -> Path:
+        return self.folder / f"{scale_set}{CUSTOM_DATA_SUFFIX}"
+
+    def publish(self, scale_set: str, custom_data: str) -> None:
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = self.path(scale_set)
+        part = target.with_name(target.name + ".part")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(custom_data)
+        part.replace(target)
+
+
+@dataclass(frozen=True)
+class PublisherConfig:
+    """The publisher's settings (JSON), from the stack."""
+
+    cluster: str
+    server: str
+    """The API servers' URL as a new node reaches it (the internal load balancer)."""
+    ca_file: str
+    """The cluster CA's certificate (PEM) on this host."""
+    documents: dict[str, str]
+    """Scale set name -> the plan's #cloud-config document for it (without credentials)."""
+    ttl_s: float = join.DEFAULT_TTL_S
+    rotate_s: float = join.DEFAULT_ROTATE_S
+    interval_s: float = 60.0
+    group: str = join.JOIN_GROUP
+    directory: str = ""
+    """Write models as files here (the lab) instead of through Azure Resource Manager."""
+    scope: str = ""
+    """The resource group holding the scale sets (Resource Manager only)."""
+    client_id: str = ""
+    """The identity that may write them (Resource Manager only)."""
+    arm: str = ARM
+    imds: str = IMDS_TOKEN
+
+    @classmethod
+    def load(cls, path: Path) -> PublisherConfig:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ServiceError(f"{path}: cannot read it as JSON: {exc}") from None
+        fields = set(cls.__dataclass_fields__)
+        needed = {"cluster", "server", "ca_file", "documents"}
+        if not isinstance(data, dict) or not needed <= data.keys() <= fields:
+            raise ServiceError(
+                f"{path}: want a JSON object with {sorted(needed)} and at most {sorted(fields)}"
+            )
+        try:
+            config = cls(**data)
+            join.check_lifetime(float(config.ttl_s), float(config.rotate_s))
+        except (TypeError, ValueError) as exc:
+            raise ServiceError(f"{path}: {exc}") from None
+        if not config.documents or not all(
+            isinstance(d, str) and d.startswith("#cloud-config\n") for d in config.documents.values()
+        ):
+            raise ServiceError(f"{path}: documents must map each scale set to its #cloud-config document")
+        if not config.directory and not (config.scope.startswith("/subscriptions/") and config.client_id):
+            raise ServiceError(
+                f"{path}: give `directory`, or the resource group's ID as `scope` and the identity's `client_id`"
+            )
+        return config
+
+
+@dataclass(frozen=True)
+class Published:
+    token: join.Token
+    expires: datetime
+    issued: bool  # made in this round
+    written: tuple[str, ...]  # scale sets whose model this round wrote
+
+
+class Publisher:
+    def __init__(
+        self,
+        config: PublisherConfig,
+        kube: KubeReader,
+        models: Models,
+        clock: Callable[[], datetime] = join.now,
+    ) -> None:
+        self.config, self.kube, self.models, self.clock = config, kube, models, clock
+        self.ca_pem = Path(config.ca_file).read_text()
+        self.given: dict[str, str] = {}  # scale set -> the token id its model holds
+
+    def current(self) -> tuple[join.Token, datetime] | None:
+        """This cluster's newest published token with time left, and its expiration."""
+        query = urllib.parse.urlencode(
+            {
+                "fieldSelector": f"type={join.TOKEN_TYPE}",
+                "labelSelector": f"{join.PUBLISHED_LABEL}={self.config.cluster}",
+            }
+        )
+        listed = self.kube.get(f"/api/v1/namespaces/{join.TOKEN_NAMESPACE}/secrets?{query}") or {}
+        valid = []
+        for secret in listed.get("items") or []:
+            expires = join.expiration(secret)
+            if expires is not None and expires > self.clock():
+                valid.append((expires, join.secret_token(secret)))
+        if not valid:
+            return None
+        expires, token = max(valid, key=lambda v: v[0])
+        return token, expires
+
+    def issue(self) -> tuple[join.Token, datetime]:
+        token = join.new_token()
+        expires = join.later(self.clock(), self.config.ttl_s)
+        body = join.token_secret(token, expires, self.config.cluster, self.config.group)
+        self.kube.create(f"/api/v1/namespaces/{join.TOKEN_NAMESPACE}/secrets", body)
+        log.info("issued join token %s, valid until %s", token.id, join.stamp(expires))
+        return token, expires
+
+    def custom_data(self, scale_set: str, token: join.Token) -> str:
+        kubeconfig = join.bootstrap_kubeconfig(self.config.server, self.ca_pem, token, self.config.cluster)
+        return cloudinit.encode(join.with_credentials(self.config.documents[scale_set], kubeconfig))
+
+    def once(self) -> Published:
+        found = self.current()
+        fresh = found is not None and (found[1] - self.clock()).total_seconds() > (
+            self.config.ttl_s - self.config.rotate_s
+        )
+        token, expires = found if found is not None and fresh else self.issue()
+        written = []
+        for scale_set in self.config.documents:
+            if self.given.get(scale_set) == token.id:
+                continue
+            self.models.publish(scale_set, self.custom_data(scale_set, token))
+            self.given[scale_set] = token.id
+            written.append(scale_set)
+            log.info("scale set %s: new instances join with token %s", scale_set, token.id)
+        return Published(token, expires, not (found is not None and fresh), tuple(written))
+
+    def run(self, rounds: int | None = None) -> None:
+        done = 0
+        while rounds is None or done < rounds:
+            try:
+                self.once()
+            except ServiceError as exc:
+                log.warning("round failed, retrying in %.0fs: %s", self.config.interval_s, exc)
+            done += 1
+            if rounds is None or done < rounds:
+                time.sleep(self.config.interval_s)
+
+
+def models_of(config: PublisherConfig) -> Models:
+    if config.directory:
+        return DirectoryModels(Path(config.directory))
+    return ArmModels(AzureTags(config.scope, config.client_id, config.arm, config.imds))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="superkube-join-tokens",
+        description="Issue short-lived join tokens and write them into the node scale sets' custom data.",
+    )
+    p.add_argument("--config", type=Path, required=True, help="the publisher's JSON settings")
+    p.add_argument(
+        "--kubeconfig", type=Path, required=True, help="a kubeconfig that may create token Secrets"
+    )
+    p.add_argument("--once", action="store_true", help="one round, then exit (non-zero if it failed)")
+    p.add_argument("--json", action="store_true", help="with --once: print what the round did as JSON")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        config = PublisherConfig.load(args.config)
+        publisher = Publisher(config, KubeReader(args.kubeconfig), models_of(config))
+    except (ServiceError, OSError) as exc:
+        print(f"superkube-join-tokens: {exc}", file=sys.stderr)
+        return 2
+    if not args.once:
+        publisher.run()
+        return 0
+    try:
+        done = publisher.once()
+    except ServiceError as exc:
+        print(f"superkube-join-tokens: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(summary(done)))
+    return 0
+
+
+def summary(done: Published) -> dict[str, Any]:
+    return {
+        "token_id": done.token.id,
+        "expires": join.stamp(done.expires.astimezone(UTC)),
+        "issued": done.issued,
+        "written": list(done.written),
+    }
+
+
+def documents_of(custom_data: Mapping[str, str]) -> dict[str, str]:
+    """Scale set -> plan document, from each scale set's planned custom data (base64)."""
+    import base64
+
+    return {name: base64.b64decode(data).decode() for name, data in custom_data.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Join credentials at boot: a short-lived bootstrap token in each node scale set's custom data.
+
+A new scale-set instance joins with nothing but its image and its custom data: cloud-init writes the
+bootstrap kubeconfig (the API servers' address, the cluster CA, a bootstrap token) where the join
+unit waits for it, and the kubelet's TLS bootstrap does the rest. No converge has to reach the node.
+
+The token is not Pulumi's: the program plans custom data without credentials (Pulumi keeps every
+input in its state for as long as the stack lives), and the join-token publisher
+(`superkube.agents.join_tokens`, on the API-server hosts) issues a token with an expiration, then
+writes each scale set's model with the plan's document plus this one file. Azure hands the model's
+custom data to instances it creates from then on; instances already running keep what they booted
+with, which no longer matters once they hold a node certificate.
+
+The threat model (README, "Join credentials") rests on three facts kept here: a token always
+expires (`MAX_TTL_S`), the file is root's alone (`KUBECONFIG_MODE`), and the token's group grants only
+the node-bootstrapper role and the auto-approval of node client certificates.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import yaml
+
+from superkube.cluster import cloudinit
+
+TOKEN_TYPE = "bootstrap.kubernetes.io/token"
+TOKEN_NAMESPACE = "kube-system"
+TOKEN_PATTERN = re.compile(r"\b([a-z0-9]{6})\.([a-z0-9]{16})\b")
+"""A bootstrap token as the API server accepts it: `<id>.<secret>`, [a-z0-9]{6}.[a-z0-9]{16}."""
+PUBLISHED_LABEL = "superkube.io/join-token"
+"""On the token Secrets the publisher makes, valued with the cluster's name: the ones it rotates."""
+JOIN_GROUP = "system:bootstrappers:superkube"
+"""The extra group of every join token (the kube_apiserver role binds it to node bootstrap and the
+auto-approval of node client certificates); must start with `system:bootstrappers:`."""
+KUBECONFIG_MODE = "0600"
+KUBECONFIG_USER = "kubelet-bootstrap"
+
+MAX_TTL_S = 24 * 3600
+"""No join token lives longer than a day: a leaked one lets its holder make node identities until
+it expires, and revocation (deleting its Secret) needs someone to notice."""
+DEFAULT_TTL_S = 4 * 3600
+DEFAULT_ROTATE_S = 3600
+"""A new token each hour, each valid for four: an instance Azure creates from the model just before
+a rotation still has three hours to boot and join (a GPU VM boots in minutes)."""
+
+_CHARS = string.ascii_lowercase + string.digits
+
+
+@dataclass(frozen=True)
+class Token:
+    """A bootstrap token: `<id>.<secret>`, [a-z0-9]{6}.[a-z0-9]{16}."""
+
+    id: str
+    secret: str
+
+    @property
+    def value(self) -> str:
+        return f"{self.id}.{self.secret}"
+
+    @classmethod
+    def parse(cls, value: str) -> Token:
+        m = TOKEN_PATTERN.fullmatch(value.strip())
+        if not m:
+            raise ValueError("not a bootstrap token (<6 of a-z0-9>.<16 of a-z0-9>)")
+        return cls(m.group(1), m.group(2))
+
+
+def new_token() -> Token:
+    """A token from the system's randomness (id and secret as kubeadm makes them)."""
+    return Token(
+        "".join(secrets.choice(_CHARS) for _ in range(6)), "".join(secrets.choice(_CHARS) for _ in range(16))
+    )
+
+
+def check_lifetime(ttl_s: float, rotate_s: float) -> None:
+    """Refuse a token that would never expire, outlive `MAX_TTL_S`, or expire before the next one
+    is published (instances created between the two could not join)."""
+    if ttl_s <= 0:
+        raise ValueError("ttl_s must be above 0: a join token must expire")
+    if ttl_s > MAX_TTL_S:
+        raise ValueError(f"ttl_s {ttl_s:.0f} is above {MAX_TTL_S} (a day): a join token must be short-lived")
+    if not 0 < rotate_s < ttl_s:
+        raise ValueError(f"rotate_s {rotate_s:.0f} must be above 0 and below ttl_s {ttl_s:.0f}")
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def stamp(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def token_secret(token: Token, expires: datetime, cluster: str, group: str = JOIN_GROUP) -> dict[str, Any]:
+    """The token's Secret in kube-system, with its expiration: past it the API server refuses the
+    token and the controller-manager's tokencleaner deletes the Secret."""
+    if not group.startswith("system:bootstrappers:"):
+        raise ValueError(
+            f"group {group!r}: a bootstrap token's extra groups must start with system:bootstrappers:"
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": f"bootstrap-token-{token.id}",
+            "namespace": TOKEN_NAMESPACE,
+            "labels": {PUBLISHED_LABEL: cluster},
+        },
+        "type": TOKEN_TYPE,
+        "data": {
+            "description": _b64(f"superkube join token for {cluster}'s new instances (custom data)"),
+            "token-id": _b64(token.id),
+            "token-secret": _b64(token.secret),
+            "expiration": _b64(stamp(expires)),
+            "usage-bootstrap-authentication": _b64("true"),
+            "auth-extra-groups": _b64(group),
+        },
+    }
+
+
+def expiration(secret: Mapping[str, Any]) -> datetime | None:
+    """A token Secret's expiration (None: it has none, and never expires)."""
+    raw = (secret.get("data") or {}).get("expiration")
+    if not raw:
+        return None
+    text = base64.b64decode(raw).decode()
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def secret_token(secret: Mapping[str, Any]) -> Token:
+    data = secret.get("data") or {}
+    return Token(base64.b64decode(data["token-id"]).decode(), base64.b64decode(data["token-secret"]).decode())
+
+
+def bootstrap_kubeconfig(server: str, ca_pem: str, token: Token, cluster: str) -> str:
+    """The kubelet's bootstrap kubeconfig, self-contained: the CA inline, the token as its user."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": cluster, "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)}}
+        ],
+        "users": [{"name": KUBECONFIG_USER, "user": {"token": token.value}}],
+        "contexts": [
+            {"name": f"{KUBECONFIG_USER}@{cluster}", "context": {"cluster": cluster, "user": KUBECONFIG_USER}}
+        ],
+        "current-context": f"{KUBECONFIG_USER}@{cluster}",
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def with_credentials(document: str, kubeconfig: str) -> str:
+    """The plan's #cloud-config `document` with the bootstrap kubeconfig added as root's file (the
+    join unit waits for that path), and nothing else changed."""
+    if not document.startswith("#cloud-config\n"):
+        raise ValueError("not a #cloud-config document")
+    doc = yaml.safe_load(document)
+    files = [f for f in doc.get("write_files") or [] if f.get("path") != cloudinit.BOOTSTRAP_KUBECONFIG]
+    files.append(
+        {"path": cloudinit.BOOTSTRAP_KUBECONFIG, "permissions": KUBECONFIG_MODE, "owner": "root:root",
+         "content": kubeconfig}
+    )  # fmt: skip
+    doc["write_files"] = files
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=1_000)
+
+
+def credentials_in(doc: Mapping[str, Any]) -> list[str]:
+    """What a decoded #cloud-config document carries that grants cluster access: a bootstrap
+    kubeconfig, a bootstrap token or a private key anywhere in its files (empty: none)."""
+    found = []
+    for f in doc.get("write_files") or []:
+        path, content = str(f.get("path", "")), str(f.get("content", ""))
+        if path == cloudinit.BOOTSTRAP_KUBECONFIG:
+            found.append(f"{path} (the bootstrap kubeconfig)")
+        elif TOKEN_PATTERN.search(content):
+            found.append(f"{path} (a bootstrap token)")
+        elif "PRIVATE KEY-----" in content:
+            found.append(f"{path} (a private key)")
+    return found
+
+
+def joining_file(doc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for f in doc.get("write_files") or []:
+        if f.get("path") == cloudinit.BOOTSTRAP_KUBECONFIG:
+            return f
+    return None
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def later(at: datetime, seconds: float) -> datetime:
+    return at + timedelta(seconds=seconds)

@@ -1,0 +1,230 @@
+"""The join-token publisher against the real API server (etcd and kube-apiserver at the pinned
+versions, on loopback): the token it issues authenticates as a bootstrapper until it expires, a token
+past its expiration is refused by the server itself, rotation keeps the previous token valid, a
+deleted token is replaced at the next round, and each scale set's model gets the plan's document plus
+the bootstrap kubeconfig and nothing else. Resource Manager's side is the loopback Azure of the
+governor's tests, which checks the identity's token on every write."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from superkube.agents import join_tokens as jt
+from superkube.agents import scale_governor as gov
+from superkube.cluster import cloudinit, join
+from superkube.lab import apiserver
+from superkube.lab.apiserver import LocalApi
+from tests.agents.conftest import unique
+from tests.agents.test_scale_governor_service import CLIENT_ID, SCOPE, VMSS, FakeAzure, _Handler
+
+
+def document(pool: str) -> str:
+    return cloudinit.render(
+        cluster="test", pool=pool, role="gpu", apiserver_endpoint="https://10.0.0.4:6443",
+        kubernetes_version="1.35.0", join_jitter_seconds=300,
+        labels=cloudinit.node_labels("test", pool, "gpu", {}), taints=cloudinit.node_taints("gpu", []),
+    )  # fmt: skip
+
+
+def config(api: LocalApi, folder: Path, cluster: str, **more: Any) -> jt.PublisherConfig:
+    return jt.PublisherConfig(
+        cluster=cluster,
+        server=api.url,
+        ca_file=str(api.dir / "pki" / "ca.crt"),
+        documents={"vmss-gpu-0": document("gpu"), "vmss-gpu-1": document("gpu")},
+        directory=str(folder),
+        **more,
+    )
+
+
+def whoami(api: LocalApi, token: str) -> subprocess.CompletedProcess[str]:
+    config = api.token_kubeconfig(unique("bootstrap"), token)
+    return subprocess.run([str(api.kubectl), "--kubeconfig", str(config), "auth", "whoami", "-o", "json"],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
+def token_secrets(api: LocalApi, cluster: str) -> list[dict[str, Any]]:
+    listed = apiserver.kubectl(api, "get", "secrets", "-n", join.TOKEN_NAMESPACE, "-o", "json",
+                               "-l", f"{join.PUBLISHED_LABEL}={cluster}")  # fmt: skip
+    return list(json.loads(listed)["items"])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = join.now()
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+@pytest.fixture
+def publisher(api: LocalApi, tmp_path: Path) -> jt.Publisher:
+    cluster = unique("c")
+    kube = gov.KubeReader(api.client_kubeconfig("publisher", "publisher", ["system:masters"]))
+    return jt.Publisher(
+        config(api, tmp_path / "models", cluster), kube, jt.DirectoryModels(tmp_path / "models")
+    )
+
+
+def test_a_round_issues_an_expiring_token_the_server_accepts_and_writes_each_model(
+    api: LocalApi, publisher: jt.Publisher, tmp_path: Path
+) -> None:
+    done = publisher.once()
+    assert done.issued and set(done.written) == {"vmss-gpu-0", "vmss-gpu-1"}
+    (secret,) = token_secrets(api, publisher.config.cluster)
+    left = (join.expiration(secret) - join.now()).total_seconds()  # type: ignore[operator]
+    assert join.DEFAULT_TTL_S - 60 < left <= join.DEFAULT_TTL_S
+    user = json.loads(whoami(api, done.token.value).stdout)["status"]["userInfo"]
+    assert user["username"] == f"system:bootstrap:{done.token.id}"
+    assert join.JOIN_GROUP in user["groups"] and "system:bootstrappers" in user["groups"]
+
+    for scale_set, planned in publisher.config.documents.items():
+        path = tmp_path / "models" / f"{scale_set}{jt.CUSTOM_DATA_SUFFIX}"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        doc = cloudinit.decode(path.read_text())
+        # the plan's document, unchanged, plus one file: root's bootstrap kubeconfig
+        plan = yaml.safe_load(planned)
+        assert doc["runcmd"] == plan["runcmd"]
+        assert doc["write_files"][:-1] == plan["write_files"]
+        added = join.joining_file(doc)
+        assert added is not None and added["permissions"] == join.KUBECONFIG_MODE
+        kubeconfig = yaml.safe_load(added["content"])
+        assert kubeconfig["users"][0]["user"]["token"] == done.token.value
+        assert kubeconfig["clusters"][0]["cluster"]["server"] == api.url
+        ca = kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]
+        assert ca == join._b64((api.dir / "pki" / "ca.crt").read_text())
+        assert join.credentials_in(doc) == [f"{cloudinit.BOOTSTRAP_KUBECONFIG} (the bootstrap kubeconfig)"]
+        assert join.credentials_in(plan) == []
+
+
+def test_a_fresh_token_is_kept_and_no_model_written_again(publisher: jt.Publisher) -> None:
+    first = publisher.once()
+    again = publisher.once()
+    assert (again.token, again.issued, again.written) == (first.token, False, ())
+
+
+def test_past_its_rotation_point_a_new_token_is_issued_and_the_previous_one_still_joins(
+    api: LocalApi, publisher: jt.Publisher
+) -> None:
+    clock = Clock()
+    publisher.clock = clock
+    first = publisher.once()
+    clock.at += timedelta(seconds=join.DEFAULT_ROTATE_S + 1)
+    second = publisher.once()
+    assert second.issued and second.token != first.token
+    assert set(second.written) == set(publisher.config.documents)
+    assert len(token_secrets(api, publisher.config.cluster)) == 2
+    assert whoami(api, first.token.value).returncode == 0  # an instance made from the old model still joins
+
+
+def test_a_deleted_token_is_revoked_at_once_and_replaced_at_the_next_round(
+    api: LocalApi, publisher: jt.Publisher
+) -> None:
+    first = publisher.once()
+    apiserver.kubectl(
+        api, "delete", "secret", "-n", join.TOKEN_NAMESPACE, f"bootstrap-token-{first.token.id}"
+    )
+    refused = whoami(api, first.token.value)
+    assert refused.returncode != 0 and "Unauthorized" in refused.stderr, refused.stderr
+    second = publisher.once()
+    assert second.issued and set(second.written) == set(publisher.config.documents)
+    assert whoami(api, second.token.value).returncode == 0
+
+
+def test_the_server_refuses_a_token_past_its_expiration(api: LocalApi) -> None:
+    token = join.new_token()
+    past = join.token_secret(token, join.now() - timedelta(seconds=5), unique("c"))
+    apiserver.kubectl(api, "apply", "-f", "-", stdin=json.dumps(past))
+    refused = whoami(api, token.value)
+    assert refused.returncode != 0 and "Unauthorized" in refused.stderr, refused.stderr
+
+
+class ModelHandler(_Handler):
+    """The governor tests' loopback Azure, also taking a scale set model's PATCH."""
+
+    def do_PATCH(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        auth = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        if auth not in self.server.issued:
+            return self.error(401, "InvalidAuthenticationToken", "no valid bearer token")
+        if dict(urllib.parse.parse_qsl(url.query)).get("api-version") != jt.VMSS_API_VERSION:
+            return self.error(400, "InvalidApiVersionParameter", url.query)
+        name = urllib.parse.unquote(url.path.removeprefix(VMSS))
+        if not url.path.startswith(VMSS) or name not in self.server.tags:
+            return self.error(404, "ResourceNotFound", url.path)
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        with self.server.lock:
+            self.server.patches.append((name, body))
+        self.answer(200, {"name": name})
+
+
+@pytest.fixture
+def azure() -> Iterator[FakeAzure]:
+    server = FakeAzure({"vmss-gpu-0": {}, "vmss-gpu-1": {}})
+    server.RequestHandlerClass = ModelHandler
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_through_resource_manager_only_the_models_custom_data_is_written(
+    api: LocalApi, azure: FakeAzure, tmp_path: Path
+) -> None:
+    settings = jt.PublisherConfig(
+        cluster=unique("c"), server=api.url, ca_file=str(api.dir / "pki" / "ca.crt"),
+        documents={"vmss-gpu-0": document("gpu"), "vmss-gpu-1": document("gpu")},
+        scope=SCOPE, client_id=CLIENT_ID, arm=azure.url, imds=azure.url + "/metadata/identity/oauth2/token",
+    )  # fmt: skip
+    kube = gov.KubeReader(api.client_kubeconfig("publisher", "publisher", ["system:masters"]))
+    done = jt.Publisher(settings, kube, jt.models_of(settings)).once()
+    assert [name for name, _ in azure.patches] == ["vmss-gpu-0", "vmss-gpu-1"]
+    for _, body in azure.patches:
+        assert list(body) == ["properties"]
+        assert list(body["properties"]["virtualMachineProfile"]) == ["osProfile"]
+        (data,) = body["properties"]["virtualMachineProfile"]["osProfile"].values()
+        kubeconfig = yaml.safe_load(join.joining_file(cloudinit.decode(data))["content"])  # type: ignore[index]
+        assert kubeconfig["users"][0]["user"]["token"] == done.token.value
+
+
+def write(path: Path, **fields: Any) -> Path:
+    path.write_text(json.dumps(fields))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"ttl_s": 0}, "a join token must expire"),
+        ({"ttl_s": 2 * join.MAX_TTL_S}, "a join token must be short-lived"),
+        ({"rotate_s": join.DEFAULT_TTL_S}, "must be above 0 and below ttl_s"),
+        ({"directory": ""}, "give `directory`, or the resource group's ID"),
+        ({"documents": {"vmss": "not cloud-config"}}, "documents must map each scale set"),
+        ({"surprise": 1}, "want a JSON object with"),
+    ],
+)
+def test_bad_settings_are_one_line_and_exit_2(tmp_path: Path, change: dict[str, Any], says: str) -> None:
+    good = {"cluster": "c", "server": "https://10.0.0.4:6443", "ca_file": str(tmp_path / "ca.crt"),
+            "documents": {"vmss": document("gpu")}, "directory": str(tmp_path / "m")}  # fmt: skip
+    path = write(tmp_path / "settings.json", **{**good, **change})
+    proc = subprocess.run(
+        [sys.executable, "-m", "superkube.agents.join_tokens", "--config", str(path), "--kubeconfig", str(path)],
+        capture_output=True, text=True, timeout=60, env={**os.environ},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert says in line and line.startswith("superkube-join-tokens: ")
