@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import binascii
+import json
 import shlex
 from collections.abc import Iterator
 
 import yaml
 
+from superkube.cluster import join
 from superkube.cluster.autoscaling import (
     ENABLED_TAG,
     IDENTITY_TAG,
@@ -25,6 +27,7 @@ from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, Stack
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 PREFLIGHT = PREFLIGHT_TAINT_KEY
+JOIN_TOKENS_VAR = "superkube_join_tokens"  # the publisher's lifetime settings, as the inventory gives them
 
 
 def _os_profile(r: PlanResource) -> dict:
@@ -161,6 +164,52 @@ def _etcd_premium_disk(view: StackView, config: RuleConfig) -> Iterator[Finding]
                 yield Finding(f"etcd data disk is {sku}, not premium or ultra", vm.urn)
 
 
+def _decoded(r: PlanResource) -> dict | None:
+    from superkube.cluster.cloudinit import decode
+
+    data = _os_profile(r).get("customData")
+    if not data:
+        return None
+    try:
+        return decode(data)
+    except (ValueError, binascii.Error, UnicodeDecodeError, yaml.YAMLError):
+        return None
+
+
+def _no_credentials_in_plan(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    for r in view.of_type(VM) + view.of_type(VMSS):
+        doc = _decoded(r)
+        for found in join.credentials_in(doc) if doc else []:
+            yield Finding(f"custom data carries a credential: {found}", r.urn)
+        profile = r.props.get("virtualMachineProfile") if r.type == VMSS else r.props
+        if (profile or {}).get("userData"):
+            yield Finding(
+                "user data is set: every process on the VM, pods included, reads it from instance metadata",
+                r.urn,
+            )
+
+
+def _join_token_lifetime(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    if not view.of_type(VMSS):
+        return
+    expression = (config.inventory.get("hostvar_expressions") or {}).get(JOIN_TOKENS_VAR)
+    settings = config.group_vars.get(JOIN_TOKENS_VAR)
+    if settings is None and expression:
+        try:
+            settings = json.loads(expression)
+        except ValueError:
+            settings = expression
+    if not isinstance(settings, dict):
+        yield Finding(
+            f"the join-token publisher has no lifetime settings ({JOIN_TOKENS_VAR}: {settings!r:.80})"
+        )
+        return
+    try:
+        join.check_lifetime(float(settings.get("ttl_s", 0)), float(settings.get("rotate_s", 0)))
+    except (TypeError, ValueError) as exc:
+        yield Finding(f"join tokens: {exc}")
+
+
 def _join_jitter(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for s in view.of_type(VMSS):
         join = (_cloud_init_files(s) or {}).get(JOIN_SCRIPT, "")
@@ -222,5 +271,25 @@ RULES = [
         "Set superkube:autoscaler_join_jitter_seconds above 0 (300 by default).",
         _join_jitter,
         enforcement="advisory",
+    ),
+    Rule(
+        "compute-vmss-custom-data-no-credentials",
+        "critical",
+        "No VM or scale set is planned with a credential in its custom data, nor with user data: Pulumi keeps "
+        "every input in the stack's state for the stack's life, and user data is served to every process "
+        "on the VM (pods too) by instance metadata. New nodes get their short-lived join token from the "
+        "join-token publisher, which writes it into the scale sets' models.",
+        "Remove the kubeconfig, token or key from the program's custom data and any userData; let the "
+        "publisher (superkube.agents.join_tokens) deliver join credentials.",
+        _no_credentials_in_plan,
+    ),
+    Rule(
+        "compute-join-token-short-lived",
+        "critical",
+        f"Every join token expires, within a day ({join.MAX_TTL_S // 3600} h), and a new one is published before "
+        "the last expires: a leaked token mints node identities until it does.",
+        f"Drop the {JOIN_TOKENS_VAR} group variable, or set ttl_s above 0 and at most {join.MAX_TTL_S} and "
+        "rotate_s below ttl_s.",
+        _join_token_lifetime,
     ),
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from modules.platform import serving_certs
+from superkube.cluster import join
 
 Doc = dict[str, Any]
 VM = "azure-native:compute:VirtualMachine"
@@ -336,6 +337,15 @@ def no_join_jitter(doc: Doc) -> None:
     )
 
 
+def join_token_in_custom_data(doc: Doc) -> None:
+    """A bootstrap kubeconfig planned into a scale set's custom data (and so kept in Pulumi's state)."""
+    vmss = gpu_vmss(doc)
+    profile = vmss["inputs"]["virtualMachineProfile"]["osProfile"]
+    text = base64.b64decode(profile["customData"]).decode()
+    kubeconfig = join.bootstrap_kubeconfig("https://10.0.0.4:6443", "CA", join.new_token(), "flagship")
+    profile["customData"] = base64.b64encode(join.with_credentials(text, kubeconfig).encode()).decode()
+
+
 def missing_owner_tag(doc: Doc) -> None:
     del of(doc, "azure-native:network:VirtualNetwork", "hub")[0]["inputs"]["tags"]["owner"]
 
@@ -417,6 +427,7 @@ BY_RULE: dict[str, Callable[[Doc], None]] = {
     "compute-autoscaler-identity-on-apiservers": strip_apiserver_identity,
     "compute-disk-etcd-premium": standard_etcd_disk,
     "compute-vmss-join-jitter": no_join_jitter,
+    "compute-vmss-custom-data-no-credentials": join_token_in_custom_data,
     "hygiene-resource-required-tags": missing_owner_tag,
     "wiring-apiserver-endpoint": move_apiserver_lb,
     "wiring-service-cidr": service_route_elsewhere,

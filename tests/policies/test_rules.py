@@ -71,6 +71,7 @@ def test_every_rule_has_a_one_field_change() -> None:
     cased |= {c[2] for c in JOBS_CASES}
     assert set(BY_RULE) | cased | {
         "network-peering-group-ip-limit",
+        "compute-join-token-short-lived",
         "wiring-etcd-urls",
         "wiring-component-config",
     } == set(RULES)
@@ -84,6 +85,25 @@ def test_peered_group_limit_fires_when_other_spokes_fill_the_hub(
     crowded = dataclasses.replace(dev_config, other_spokes_ips=127_990)
     (finding,) = findings(rule, dev_doc, crowded)
     assert "128,000" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"ttl_s": 0, "rotate_s": 0}, "must expire"),
+        ({"ttl_s": 7 * 24 * 3600, "rotate_s": 3600}, "short-lived"),
+        ({"ttl_s": 3600, "rotate_s": 3600}, "below ttl_s"),
+        ("forever", "no lifetime settings"),
+    ],
+)
+def test_a_join_token_that_never_expires_or_outlives_a_day_is_refused(
+    dev_doc: dict[str, Any], dev_config: checks.RuleConfig, settings: Any, says: str
+) -> None:
+    rule = RULES["compute-join-token-short-lived"]
+    assert findings(rule, dev_doc, dev_config) == []  # the inventory's own settings
+    changed = dataclasses.replace(dev_config, group_vars={"superkube_join_tokens": settings})
+    (finding,) = findings(rule, dev_doc, changed)
+    assert says in finding.message
 
 
 def test_apiserver_rule_rejects_a_configured_even_count(

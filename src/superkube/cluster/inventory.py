@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from superkube.cluster import autoscaling, kube
+from superkube.cluster import autoscaling, join, kube
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -34,6 +34,8 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "scale_governor_user": autoscaling.GOVERNOR_USER,
         # the scale-up governor beside it (none: not run); the host adds the scope and identity
         "scale_governor": autoscaling.governor_settings(spec, addresses),
+        # the join-token publisher on the API servers: each token's life and how often a new one comes
+        "join_tokens": {"ttl_s": join.DEFAULT_TTL_S, "rotate_s": join.DEFAULT_ROTATE_S},
         **kube.facts(spec, addresses),
     }
 
