@@ -12,6 +12,7 @@ from pulumi_azure_native import authorization, managedidentity, resources
 
 from modules.common import child, require
 from modules.compute.monitoring import HostsArgs, MonitoringHosts, MonitoringHostsArgs
+from modules.compute.node_images import NodeImages, NodeImagesArgs
 from modules.compute.node_pool import NodePool, NodePoolArgs
 from modules.control_plane.apiservers import ApiServers, ApiServersArgs
 from modules.control_plane.etcd import EtcdCluster, EtcdClusterArgs
@@ -251,6 +252,17 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child(self),
         )
+        self.node_images = NodeImages(
+            f"{name}-node-images",
+            NodeImagesArgs(
+                cluster=cluster,
+                location=location,
+                resource_group_name=self.group.name,
+                kinds=sorted({pool.role for pool in spec.node_pools}),
+                tags=tags,
+            ),
+            opts=child(self),
+        )
         self.pools = [
             NodePool(
                 f"{name}-pool-{pool.name}",
@@ -268,6 +280,7 @@ class Cluster(pulumi.ComponentResource):
                     tags=tags,
                     team=spec.pool_team(pool, cluster),
                     initial_max=governed_maxes(spec, plan),
+                    image_id=self.node_images.image_ids[pool.role],
                     **login,
                 ),
                 opts=child(self),

@@ -14,8 +14,11 @@ from superkube.cluster.autoscaling import discovery_tags, template_tag
 from superkube.cluster.cloudinit import EGRESS_TAG
 from superkube.cluster.kube import pool_group
 from superkube.model.ipam import ScaleSetPlan
+from superkube.model.spec import GALLERY_IMAGE
 from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.vmsizes import GPU_RESOURCE
+
+CUSTOM_DATA_PROPERTY = "virtualMachineProfile.osProfile.customData"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +51,9 @@ class NodePoolArgs:
     """Tags on every scale set (default: none)."""
     team: str | None = None
     """The team whose taint the nodes register with, from the spec's teams (default: none)."""
+    image_id: pulumi.Input[str] | None = None
+    """The ID of the cluster's gallery image definition for this pool's kind (`NodeImages`): a pool
+    whose image is `gallery:<version>` boots that version of it (default: none)."""
     initial_max: Mapping[str, int] | None = None
     """Scale set name -> its first `max` tag, where the scale-up governor owns the tag after that
     (`modules.cluster.governed_maxes`); None: the tag is the set's capacity and Pulumi keeps it so."""
@@ -66,6 +72,11 @@ class NodePoolArgs:
         )
         missing = {s.subnet for s in self.scale_sets} - set(self.subnet_ids)
         require(not missing, "subnet_ids", f"no subnet ID for {sorted(missing)}")
+        require(
+            self.image_id is not None or not self.pool.image.startswith(GALLERY_IMAGE),
+            "image_id",
+            f"pool {self.pool.name} boots {self.pool.image}: give the gallery's image definition",
+        )
 
 
 def autoscaler_tags(
@@ -168,7 +179,7 @@ class NodePool(pulumi.ComponentResource):
                             custom_data=custom_data,
                         ),
                         storage_profile=compute.VirtualMachineScaleSetStorageProfileArgs(
-                            image_reference=image_reference(pool.image),
+                            image_reference=self._image(args),
                             os_disk=compute.VirtualMachineScaleSetOSDiskArgs(
                                 create_option="FromImage",
                                 caching=compute.CachingTypes.READ_ONLY,
@@ -191,8 +202,26 @@ class NodePool(pulumi.ComponentResource):
                         ),
                     ),
                     tags=tags,
-                    # the autoscaler owns the count and, where governed, the governor the max tag
-                    opts=child(self, ignore_changes=["sku.capacity", *(['tags["max"]'] if governed else [])]),
+                    # the autoscaler owns the count, where governed the governor the max tag, and the
+                    # join-token publisher the model's custom data once it has added a join token
+                    # (superkube.cluster.join): `pulumi up` writes the plan's document at creation only
+                    opts=child(
+                        self,
+                        ignore_changes=[
+                            "sku.capacity",
+                            *(['tags["max"]'] if governed else []),
+                            CUSTOM_DATA_PROPERTY,
+                        ],
+                    ),
                 )
             )
         self.register_outputs({"scale_set_ids": [s.id for s in self.scale_sets]})
+
+    @staticmethod
+    def _image(args: NodePoolArgs) -> compute.ImageReferenceArgs:
+        """The marketplace image, or the named version of the cluster's own node image."""
+        image = args.pool.image
+        if not image.startswith(GALLERY_IMAGE) or args.image_id is None:
+            return image_reference(image)
+        version = image.removeprefix(GALLERY_IMAGE)
+        return compute.ImageReferenceArgs(id=pulumi.Output.concat(args.image_id, "/versions/", version))

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 
+from modules.compute.node_pool import CUSTOM_DATA_PROPERTY
 from superkube.agents import scale_governor
 from superkube.cluster import cloudinit
+from superkube.plan import engine as planning
 from superkube.plan.checks import TAGLESS_TYPES
 from superkube.plan.engine import Plan, Resource
+from tests.conftest import ROOT, dev_config
 
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 VM = "azure-native:compute:VirtualMachine"
@@ -141,7 +147,7 @@ def test_governed_scale_sets_start_one_refresh_of_room_above_their_mins(any_plan
         low, high, capacity = int(tags["min"]), int(tags["max"]), int(tags["superkube-capacity"])
         assert low <= high <= capacity, s.name
         opened += high - low
-        assert s.ignore_changes == ("sku.capacity", 'tags["max"]'), s.name
+        assert s.ignore_changes == ("sku.capacity", 'tags["max"]', CUSTOM_DATA_PROPERTY), s.name
     assert 0 < opened <= room
 
 
@@ -357,3 +363,48 @@ def test_the_autoscalers_identity_may_resize_and_tag_in_its_group_only(any_plan:
     )
     assert {r.inputs["scope"] for r in roles} == {group.id}
     assert len({r.inputs["principalId"] for r in roles}) == 1
+
+
+def test_each_pool_kind_has_a_gallery_image_definition_and_marketplace_pools_keep_their_image(
+    any_plan: Plan,
+) -> None:
+    (gallery,) = any_plan.of_type("azure-native:compute:Gallery")
+    definitions = {
+        d.inputs["identifier"]["sku"]: d for d in any_plan.of_type("azure-native:compute:GalleryImage")
+    }
+    assert set(definitions) == {p.role for p in any_plan.spec.node_pools}
+    for kind, d in definitions.items():
+        assert d.inputs["galleryName"] == gallery.inputs["galleryName"]
+        assert (d.inputs["osState"], d.inputs["hyperVGeneration"], d.inputs["osType"]) == (
+            "Generalized",
+            "V2",
+            "Linux",
+        )
+        assert d.inputs["identifier"] == {
+            "publisher": "superkube",
+            "offer": any_plan.addresses.cluster,
+            "sku": kind,
+        }
+    for s in any_plan.of_type(VMSS):
+        reference = s.inputs["virtualMachineProfile"]["storageProfile"]["imageReference"]
+        assert "id" not in reference and reference["publisher"]  # the stacks' pools use marketplace images
+
+
+def test_a_pool_on_a_gallery_version_boots_that_version_of_its_kinds_image(
+    write_stack: Callable[..., Path],
+) -> None:
+    config = dev_config()
+    pools = yaml.safe_load(config["superkube:node_pools"])
+    pools[0]["image"] = "gallery:1.4.0"
+    config["superkube:node_pools"] = yaml.safe_dump(pools)
+    stack = write_stack(config)
+    plan = planning.run(ROOT, str(stack))
+    definitions = {
+        d.inputs["identifier"]["sku"]: d for d in plan.of_type("azure-native:compute:GalleryImage")
+    }
+    for s in plan.of_type(VMSS):
+        reference = s.inputs["virtualMachineProfile"]["storageProfile"]["imageReference"]
+        if s.inputs["tags"]["superkube-pool"] == pools[0]["name"]:
+            assert reference == {"id": f"{definitions[pools[0]['role']].id}/versions/1.4.0"}
+        else:
+            assert "id" not in reference

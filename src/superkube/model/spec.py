@@ -43,6 +43,10 @@ CLUSTER_LABEL = "superkube.io/cluster"
 """The node label naming a node's cluster."""
 POOL_LABEL = "superkube.io/pool"
 """The node label naming a node's pool: balloons, the autoscaler's templates and policies select on it."""
+GALLERY_IMAGE = "gallery:"
+"""A pool image that names a version of the cluster's own node image (gallery:1.0.0), baked from the
+node roles (superkube lab bake in the lab; a builder VM captured into the gallery in production)."""
+NODE_IMAGE_PATTERN = r"^([^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+|gallery:\d+\.\d+\.\d+)$"
 ROLE_LABEL = "superkube.io/role"
 """The node label naming a node's role (gpu or cpu)."""
 
@@ -110,8 +114,9 @@ class NodePool(_Model):
     )
     image: str = Field(
         default="Canonical:ubuntu-24_04-lts:server:latest",
-        pattern=r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$",
-        description="Marketplace image as publisher:offer:sku:version.",
+        pattern=NODE_IMAGE_PATTERN,
+        description="Marketplace image as publisher:offer:sku:version, or gallery:<major.minor.patch>: that "
+        "version of the cluster's baked node image for the pool's kind.",
     )
     os_disk_gb: int = Field(default=256, ge=64, le=4095, description="OS disk size in GiB.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
@@ -686,6 +691,8 @@ PATTERN_WORDS = {
     r"^[0-9./]+$": "write an IPv4 CIDR such as 10.64.0.0/20",
     r"^Standard_[A-Za-z0-9_]+$": "write an Azure VM size as Azure spells it, e.g. Standard_D8s_v5 (capital S)",
     r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$": "write a marketplace image as publisher:offer:sku:version",
+    NODE_IMAGE_PATTERN: "write a marketplace image as publisher:offer:sku:version, or gallery:1.0.0 for a version "
+    "of the cluster's baked node image",
     r"^[a-z0-9]+$": "write the region's name in lower-case letters and digits, e.g. eastus",
     r"^[a-z][a-z0-9-]*$": "write a lower-case name: a letter, then letters, digits or '-'",
     r"^1\.\d+\.\d+$": "write a Kubernetes version such as 1.35.0",

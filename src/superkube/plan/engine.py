@@ -81,6 +81,11 @@ _ARM: dict[str, tuple[str, str]] = {
         "vmScaleSetName",
         "Microsoft.Compute/virtualMachineScaleSets/{vmScaleSetName}",
     ),
+    "azure-native:compute:Gallery": ("galleryName", "Microsoft.Compute/galleries/{galleryName}"),
+    "azure-native:compute:GalleryImage": (
+        "galleryImageName",
+        "Microsoft.Compute/galleries/{galleryName}/images/{galleryImageName}",
+    ),
 }
 
 
