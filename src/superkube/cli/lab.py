@@ -165,6 +165,73 @@ def lab_join(
             out.print(f"{j.name}: Ready {j.kubelet_to_ready_s:.1f} s after its kubelet started")
 
 
+def _loaded() -> Any:
+    from superkube.lab import hosts as lab
+
+    fleet = lab.Lab.load()
+    if fleet is None:
+        fail("no lab is up; run `superkube lab up` and `superkube converge` first")
+    return fleet
+
+
+@lab_app.command("bake")
+def lab_bake(
+    pool: Annotated[str, typer.Argument(help="The node pool whose image to bake, e.g. gpu.")],
+) -> None:
+    """Bake a pool's node image: converge a builder host with the node roles, keep its root."""
+    from superkube.lab import scaleout
+
+    path = _lab_call(scaleout.bake, _loaded(), pool, lambda what: err.print(what, highlight=False))
+    out.print(f"{pool}: image {path}")
+
+
+@lab_app.command("publish")
+def lab_publish(output: Annotated[Output, typer.Option("--output", "-o")] = Output.table) -> None:
+    """One round of the join-token publisher: a short-lived token, written into each scale set's model."""
+    from superkube.lab import scaleout
+
+    done = _lab_call(scaleout.publish, _loaded())
+    if output is Output.json:
+        sys.stdout.write(json.dumps(done, indent=2) + "\n")
+        return
+    state = "issued" if done["issued"] else "kept"
+    out.print(f"join token {done['token_id']} {state}, valid until {done['expires']}")
+    for name in done["written"]:
+        out.print(f"  {name}: model written")
+
+
+@lab_app.command("scale", context_settings={"ignore_unknown_options": True})  # -N is a change, not an option
+def lab_scale(
+    pool: Annotated[str, typer.Argument(help="The node pool, e.g. gpu.")],
+    change: Annotated[
+        str, typer.Argument(help="+N instances from the baked image, or -N to return the newest N.")
+    ],
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """Add instances that join from the pool's image and custom data alone, or drain and delete some."""
+    from superkube.lab import scaleout
+
+    sign, digits = change[:1], change[1:]
+    if sign not in "+-" or not digits.isdigit() or int(digits) == 0:
+        fail(f"{change!r}: give +N to add instances or -N to return them, e.g. `lab scale {pool} +4`")
+    fleet = _loaded()
+    say = lambda what: err.print(what, highlight=False)  # noqa: E731
+    if sign == "-":
+        gone = _lab_call(scaleout.scale_in, fleet, pool, int(digits), say)
+        out.print(f"{pool}: returned {', '.join(gone)}")
+        return
+    added = _lab_call(scaleout.scale_out, fleet, pool, int(digits), 300, say)
+    if output is Output.json:
+        doc = [{"node": i.name, "boot_to_ready_s": i.boot_to_ready_s,
+                "boot_to_schedulable_s": i.boot_to_schedulable_s} for i in added]  # fmt: skip
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    for i in added:
+        out.print(
+            f"{i.name}: Ready {i.boot_to_ready_s:.1f} s, schedulable {i.boot_to_schedulable_s:.1f} s after boot"
+        )
+
+
 @lab_app.command("build")
 def lab_build(
     only: Annotated[

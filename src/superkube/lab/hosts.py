@@ -111,6 +111,7 @@ class Host:
     # IP configurations; the switch routes each to this host
     secondary: list[str] = field(default_factory=list)
     mac: str = ""
+    image: str = ""  # the root it boots from: a baked node image (superkube.lab.scaleout); "" the base image
 
     @property
     def is_node(self) -> bool:
@@ -491,10 +492,18 @@ def _ensure_host_network(host: Host, index: int) -> None:
         run(["ip", "-n", SWITCH, "route", "add", f"{ip}/32", "via", host.address])
 
 
+def write_imds(lab: Lab) -> Path:
+    """The metadata service's documents, one per node host (it reads the file again on a change)."""
+    docs = Path(lab.state_dir) / "imds.json"
+    part = docs.with_name("imds.json.part")
+    part.write_text(json.dumps(imds_documents(lab), indent=2))
+    part.replace(docs)
+    return docs
+
+
 def _start_imds(lab: Lab) -> None:
     """The metadata service in the switch namespace (ended with the namespace by `down`)."""
-    docs = Path(lab.state_dir) / "imds.json"
-    docs.write_text(json.dumps(imds_documents(lab), indent=2))
+    docs = write_imds(lab)
     launcher = 'exec "$@" >>"$SUPERKUBE_LAB_LOG" 2>&1 </dev/null &\necho $!'
     command = ["ip", "netns", "exec", SWITCH, sys.executable, "-m", "superkube.lab.imds", str(docs)]
     subprocess.run(
@@ -547,6 +556,9 @@ def pool_facts(
             "vm_size": vmss.inputs["sku"]["name"],
             "tags": dict(vmss.inputs["tags"]),
             "secondary_ips": sum(1 for c in nic["ipConfigurations"] if not c.get("primary")),
+            # the plan's whole document (base64), without join credentials: the join-token publisher
+            # adds them (superkube.agents.join_tokens) before instances boot from it
+            "custom_data": profile["osProfile"]["customData"],
         }
     return files_of, pools
 
@@ -653,7 +665,11 @@ def _write_kubelet_host_unit(root: Path) -> None:
         link.symlink_to(f"/etc/systemd/system/{unit.name}")
 
 
-def _prepare_root(lab: Lab, host: Host) -> Path:
+def _prepare_root(
+    lab: Lab, host: Host, image: str | None = None, files: dict[str, list[str]] | None = None
+) -> Path:
+    """The host's root: its own upper dir over `image` (default: the lab's base image), with
+    cloud-init's `files` (default: its pool's, from the plan) written as cloud-init writes them."""
     base = _host_dir(lab, host)
     for sub in ("upper", "work", "root"):
         (base / sub).mkdir(parents=True, exist_ok=True)
@@ -666,7 +682,7 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
                 "overlay",
                 "overlay",
                 "-o",
-                f"lowerdir={lab.base_image},upperdir={base / 'upper'},workdir={base / 'work'}",
+                f"lowerdir={image or host.image or lab.base_image},upperdir={base / 'upper'},workdir={base / 'work'}",
                 str(merged),
             ]
         )
@@ -677,7 +693,9 @@ def _prepare_root(lab: Lab, host: Host) -> Path:
     # cloud-init's files, as Azure's cloud-init writes them on the pool's VMs. Its runcmd (enabling
     # the join path unit) is left to whoever wants the node to join (superkube.lab.nodes.join): most labs have no
     # API server for a kubelet to join.
-    for path, (content, mode) in lab.cloud_init.get(host.pool, {}).items():
+    # an instance of a baked image ran cloud-init at its first boot, from its own custom data
+    planned = ({} if host.image else lab.cloud_init.get(host.pool, {})) if files is None else files
+    for path, (content, mode) in planned.items():
         if path == cloudinit.JOIN_SCRIPT:
             content = lab_join_script(content)
         target = merged / path.lstrip("/")
@@ -719,9 +737,9 @@ def _node_host_options(lab: Lab, host: Host) -> list[str]:
     return [f"--bind={disk}:/var/lib/containerd"]
 
 
-def boot(lab: Lab, host: Host) -> None:
-    """Boot (or boot again) one host; its overlay keeps whatever it had."""
-    merged = _prepare_root(lab, host)
+def boot(lab: Lab, host: Host, root: Path | None = None) -> None:
+    """Boot (or boot again) one host; its overlay keeps whatever it had (`root`: already prepared)."""
+    merged = root or _prepare_root(lab, host)
     command = [
         "systemd-nspawn",
         "--boot",
@@ -994,6 +1012,86 @@ def up(
         raise
     progress("lab is up", 1.0)
     return lab
+
+
+# --- hosts added to a running lab, and taken away -------------------------------------------------
+
+
+def _network_index(lab: Lab) -> int:
+    """A veth and MAC index no host of the lab has (hosts are numbered in boot order, from 0)."""
+    used = {int(h.mac.replace(":", "")[-4:], 16) for h in lab.hosts if h.mac}
+    return max(used, default=-1) + 1
+
+
+def _free_address(lab: Lab, pool: str) -> tuple[IPv4Network, IPv4Address, list[str]]:
+    """The pool's subnet (where its first host sits), a free host address in it, and a free block of
+    the pool's secondary IPs, as Azure hands a new instance free addresses of its subnet."""
+    peers = [h for h in lab.hosts if h.pool == pool]
+    if not peers:
+        raise LabError(f"the lab has no host of pool {pool!r} to place a new one beside")
+    net = IPv4Network((peers[0].address, peers[0].prefixlen), strict=False)
+    taken = {IPv4Address(h.address) for h in lab.hosts}
+    address = next(
+        (a for k in range(MAX_HOSTS) if (a := net.network_address + FIRST_HOST_OFFSET + k) not in taken), None
+    )
+    if address is None:
+        raise LabError(f"subnet {net} holds no more lab hosts; take some away first (lab scale {pool} -N)")
+    count = lab.pools[pool]["secondary_ips"]
+    held = {ip for h in lab.hosts for ip in h.secondary}
+    for k in range(4096):
+        first = net.network_address + POD_IP_OFFSET + k * count
+        if first + count >= net.broadcast_address:
+            break
+        block = [str(first + i) for i in range(count)]
+        if not held & set(block):
+            return net, address, block
+    raise LabError(f"subnet {net} holds no more pod IPs for another {pool} instance")
+
+
+def add_host(lab: Lab, name: str, group: str, pool: str, image: str = "") -> Host:
+    """A new host of a node pool in the running lab: its network, pod IPs and instance metadata,
+    not yet booted. `lab.save()` is the caller's, once the host is booted."""
+    if any(h.name == name for h in lab.hosts):
+        raise LabError(f"the lab already has a host {name!r}")
+    net, address, block = _free_address(lab, pool)
+    host = Host(name, group, str(address), net.prefixlen, str(net.network_address + 1), pool=pool,
+                secondary=block, image=image)  # fmt: skip
+    _ensure_inotify_instances(len(lab.hosts) + 1)
+    lab.hosts.append(host)
+    try:
+        _ensure_host_network(host, _network_index(lab))
+        write_imds(lab)
+    except BaseException:
+        remove_host(lab, name)
+        raise
+    return host
+
+
+def remove_host(lab: Lab, name: str) -> None:
+    """Take a host out of the lab as Azure deletes an instance: stopped, its disk gone, its address
+    and pod IPs free for the next one, and its metadata gone."""
+    host = lab.host(name)
+    pids = [host.pid] + (_children(host.pid) if host.pid and alive(host.pid) else [])
+    _terminate_all([p for p in pids if p])
+    merged = _host_dir(lab, host) / "root"
+    if os.path.ismount(merged):
+        run(["umount", str(merged)], check=False)
+        if os.path.ismount(merged):
+            run(["umount", "-l", str(merged)], check=False)
+    for ip in host.secondary:
+        run(["ip", "-n", SWITCH, "route", "del", f"{ip}/32"], check=False)
+    if host.netns in _lab_namespaces():
+        _end(_namespace_pids(host.netns), signal.SIGKILL, f"in {host.netns}", [])
+        run(["ip", "netns", "del", host.netns], check=False)
+    lab.hosts.remove(host)
+    console = _host_dir(lab, host) / "console.log"
+    if console.exists():  # what it printed stays with the lab, for whoever asks why it went
+        kept = Path(lab.state_dir) / "removed" / f"{host.name}.console.log"
+        kept.parent.mkdir(exist_ok=True)
+        shutil.move(str(console), kept)
+    shutil.rmtree(_host_dir(lab, host), ignore_errors=True)
+    write_imds(lab)
+    lab.save()
 
 
 # --- status, stop, start, down ---------------------------------------------------------------------

@@ -122,10 +122,25 @@ def handler(lookup: Callable[[str], dict[str, Any] | None]) -> type[BaseHTTPRequ
     return Handler
 
 
-def serve(documents: dict[str, dict[str, Any]], address: str = ADDRESS, port: int = PORT) -> None:
-    sources = by_source(documents)
+class Documents:
+    """The documents file, read again whenever it changes: `lab scale` adds instances to a running
+    lab, as Azure's metadata service knows a VM from its first boot."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stamp: int | None = None
+        self.sources: dict[str, dict[str, Any]] = {}
+
+    def lookup(self, source: str) -> dict[str, Any] | None:
+        stamp = self.path.stat().st_mtime_ns
+        if stamp != self.stamp:
+            self.sources, self.stamp = by_source(json.loads(self.path.read_text())), stamp
+        return self.sources.get(source)
+
+
+def serve(documents: Path, address: str = ADDRESS, port: int = PORT) -> None:
     ThreadingHTTPServer.allow_reuse_address = True
-    with ThreadingHTTPServer((address, port), handler(sources.get)) as server:
+    with ThreadingHTTPServer((address, port), handler(Documents(documents).lookup)) as server:
         server.serve_forever()
 
 
@@ -135,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=ADDRESS)
     parser.add_argument("--port", type=int, default=PORT)
     args = parser.parse_args(argv)
-    serve(json.loads(args.documents.read_text()), args.address, args.port)
+    json.loads(args.documents.read_text())  # a broken file fails here, at start
+    serve(args.documents, args.address, args.port)
     return 0
 
 

@@ -1,0 +1,421 @@
+"""Scale-out without Ansible, in the lab: a baked node image, join tokens in the scale sets' custom
+data, and new instances that boot from the one with the other and join the real control plane.
+
+- `bake(lab, pool)`: a builder host of the pool boots from the lab's base image with no custom
+  data, converge runs the site playbook on it alone (the node roles, the same variables; only the
+  bootstrap kubeconfig is left out), and its root, generalized (no host keys, machine ID, node
+  credentials, logs), becomes the pool's image. Its containerd store (the VM's disk in the lab) goes
+  with it, so the images converge imported are there at first boot. The builder is then deleted.
+- `publish(lab)`: one round of the join-token publisher (`superkube.agents.join_tokens`) as the
+  lab's admin: a token in the real API server, and each pool's scale-set model (the plan's custom
+  data plus the bootstrap kubeconfig) in the lab's model folder, where Azure would keep it.
+- `scale(lab, pool, n)`: n new instances, as Azure makes them: an address and pod IPs free in the
+  pool's subnet, instance metadata, a root over the image with the model's custom data written as
+  cloud-init writes it (its runcmd enables the join path unit), and a boot. Nothing reaches them over
+  SSH; each is timed from its boot to its Node Ready and to schedulable (Ready, uncordoned, past
+  preflight). `scale(lab, pool, -n)` drains and deletes the newest n of the pool's instances.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from superkube.agents import join_tokens
+from superkube.cluster import cloudinit
+from superkube.cluster.join import DEFAULT_ROTATE_S, DEFAULT_TTL_S
+from superkube.lab import hosts, layer
+from superkube.lab.errors import LabError
+from superkube.lab.hosts import Host, Lab
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+
+IMAGES = "images"  # under the lab's state folder: <pool>/root and <pool>/containerd
+MODELS = "models"  # the scale sets' models as the publisher writes them (DirectoryModels)
+PUBLISHER_CONFIG = "join-tokens.json"
+PUBLISHER_KUBECONFIG = "join-tokens.kubeconfig"
+NOT_READY_TAINTS = ("node.kubernetes.io/",)  # the kubelet's and node lifecycle's own condition taints
+BAKE_VARS = {"kubelet_write_bootstrap_kubeconfig": False}
+"""What a bake changes of a converge: no bootstrap kubeconfig (an image carries no join credential)."""
+GENERALIZED = (
+    "etc/hostname",
+    "etc/machine-id",
+    "etc/ssh/ssh_host_*",
+    "root/.ssh",
+    "var/lib/kubelet/pki",
+    "var/lib/superkube-lab",
+    "var/log/journal/*",
+    cloudinit.BOOTSTRAP_KUBECONFIG.lstrip("/"),
+)
+"""Left out of an image: what is the builder's own (names, keys, node credentials, its GPUs' lab
+reading, logs). cloud-init's files are left out too: each instance writes them from its custom data."""
+RUNCMD = [
+    ["systemctl", "daemon-reload"],
+    ["systemctl", "enable", "--now", Path(cloudinit.JOIN_PATH_UNIT).name],
+]
+
+
+def image_dir(lab: Lab, pool: str) -> Path:
+    return Path(lab.state_dir) / IMAGES / pool
+
+
+def models_dir(lab: Lab) -> Path:
+    return Path(lab.state_dir) / MODELS
+
+
+def _pool_group(lab: Lab, pool: str) -> str:
+    groups = {h.group for h in lab.hosts if h.pool == pool}
+    if not groups:
+        known = sorted({h.pool for h in lab.hosts if h.pool})
+        raise LabError(f"pool {pool!r}: the lab has no host of it (pools here: {', '.join(known) or 'none'})")
+    return groups.pop()
+
+
+def _copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    hosts.run(["cp", "-a", "--one-file-system", f"{source}/.", str(target)], timeout=900)
+
+
+def generalize(root: Path, pool_files: Iterable[str]) -> list[str]:
+    """Remove the builder's own state from an image root; returns what it removed."""
+    removed = []
+    for pattern in (*GENERALIZED, *(p.lstrip("/") for p in pool_files)):
+        for path in root.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append("/" + str(path.relative_to(root)))
+    (root / "etc" / "machine-id").write_text("")  # systemd makes a new one at first boot
+    return removed
+
+
+def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: None) -> Path:
+    """Bake the pool's node image by converging a builder host; returns the image's folder."""
+    from superkube.fleet import converge as runner
+
+    group = _pool_group(lab, pool)
+    name = f"builder-{pool}"
+    target = image_dir(lab, pool)
+    progress(f"{name}: a builder host from the base image")
+    builder = hosts.add_host(lab, name, group, pool)
+    try:
+        root = hosts._prepare_root(lab, builder, files={})  # an image build has no custom data
+        hosts._write_known_hosts(lab)
+        hosts.write_inventory(lab)
+        hosts.boot(lab, builder, root)
+        lab.save()
+        hosts.wait_ready(lab, builder, time.monotonic() + 120)
+        progress(f"{name}: converging the node roles (site.yml, this host alone)")
+        result = runner.converge(lab.inventory, limit=name, extra_vars=dict(BAKE_VARS))
+        if not result.ok:
+            why = "; ".join(f"{h}: {r.task}: {r.message}" for h, r in result.hosts.items() if not r.healthy)
+            raise LabError(f"baking {pool}: converge of {name} failed ({why or 'see the runner output'})")
+        hosts._terminate(builder.pid)
+        builder.pid = None
+        progress(f"{name}: capturing its root and containerd store")
+        if target.exists():
+            shutil.rmtree(target)
+        _copy(root, target / "root")
+        _copy(hosts._host_dir(lab, builder) / "containerd", target / "containerd")
+        removed = generalize(target / "root", lab.cloud_init.get(pool, {}))
+        (target / "image.json").write_text(
+            json.dumps({"pool": pool, "baked_at": time.time(), "generalized": removed}, indent=2)
+        )
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    finally:
+        if any(h.name == name for h in lab.hosts):
+            hosts.remove_host(lab, name)
+        hosts._write_known_hosts(lab)
+        hosts.write_inventory(lab)
+    progress(f"{pool}: image baked in {target}")
+    return target
+
+
+def publisher_config(lab: Lab) -> Path:
+    """The publisher's settings for the lab: each pool's scale set with the plan's document, the
+    model folder, and a kubeconfig of the lab's admin with its files (as a host's service has them)."""
+    pki = Path(lab.state_dir) / "pki"
+    kubernetes = pki / "kubernetes"
+    for needed in ("ca.crt", "admin.crt", "admin.key"):
+        if not (kubernetes / needed).is_file():
+            raise LabError(f"{kubernetes / needed} is missing: converge the lab first")
+    server = str(lab.facts["apiserver_url"])
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "lab", "cluster": {"server": server, "certificate-authority": str(kubernetes / "ca.crt")}}],
+        "users": [{"name": "admin", "user": {"client-certificate": str(kubernetes / "admin.crt"),
+                                             "client-key": str(kubernetes / "admin.key")}}],
+        "contexts": [{"name": "admin@lab", "context": {"cluster": "lab", "user": "admin"}}],
+        "current-context": "admin@lab",
+    }  # fmt: skip
+    (pki / PUBLISHER_KUBECONFIG).write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    documents = join_tokens.documents_of({p["scale_set"]: p["custom_data"] for p in lab.pools.values()})
+    config = {
+        "cluster": hosts.LAB_STACK,
+        "server": server,
+        "ca_file": str(kubernetes / "ca.crt"),
+        "documents": documents,
+        "ttl_s": DEFAULT_TTL_S,
+        "rotate_s": DEFAULT_ROTATE_S,
+        "directory": str(models_dir(lab)),
+    }
+    path = Path(lab.state_dir) / PUBLISHER_CONFIG
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def publish(lab: Lab) -> dict[str, Any]:
+    """One round of the join-token publisher, run as a host runs it (its own process, where the API
+    servers' address is reached); what it did."""
+    config = publisher_config(lab)
+    command = [
+        "ip", "netns", "exec", hosts.SWITCH, sys.executable, "-m", "superkube.agents.join_tokens",
+        "--config", str(config), "--kubeconfig", str(Path(lab.state_dir) / "pki" / PUBLISHER_KUBECONFIG),
+        "--once", "--json",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"the join-token publisher failed: {last}")
+    done: dict[str, Any] = json.loads(proc.stdout)
+    return done
+
+
+def instance_files(custom_data: str) -> dict[str, list[str]]:
+    """What cloud-init writes from a model's custom data (path -> [content, mode]); the document's
+    runcmd must be the plan's (the lab does it by enabling the join path unit)."""
+    doc = cloudinit.decode(custom_data)
+    if doc.get("runcmd") != RUNCMD:
+        raise LabError(
+            f"the model's runcmd is {doc.get('runcmd')!r}, not the plan's {RUNCMD!r}: publish again"
+        )
+    files = {}
+    for f in doc.get("write_files") or []:
+        content = str(f["content"])
+        if f["path"] == cloudinit.JOIN_SCRIPT:
+            content = hosts.lab_join_script(content)
+        files[str(f["path"])] = [content, str(f.get("permissions", "0644"))]
+    if cloudinit.BOOTSTRAP_KUBECONFIG not in files:
+        raise LabError(
+            "the model's custom data has no join credentials: publish (superkube lab publish) first"
+        )
+    return files
+
+
+def _enable_join(root: Path) -> None:
+    """cloud-init's runcmd on the instance's first boot: `systemctl enable --now` of the join path."""
+    unit = Path(cloudinit.JOIN_PATH_UNIT).name
+    wants = root / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / unit
+    if not link.is_symlink():
+        link.symlink_to(cloudinit.JOIN_PATH_UNIT)
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    boot_to_ready_s: float
+    boot_to_schedulable_s: float
+
+
+def _next_names(lab: Lab, group: str, count: int) -> list[str]:
+    prefix = group.removesuffix("_nodes").replace("_", "-")
+    taken = {h.name for h in lab.hosts}
+    names: list[str] = []
+    k = 1
+    while len(names) < count:
+        if f"{prefix}-{k}" not in taken:
+            names.append(f"{prefix}-{k}")
+        k += 1
+    return names
+
+
+def schedulable(node: Mapping[str, Any]) -> bool:
+    """Ready, not cordoned, and no taint that keeps every pod off: past preflight, no condition taint."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    taints = (node.get("spec") or {}).get("taints") or []
+    held = [t for t in taints if t["key"] == PREFLIGHT_TAINT_KEY or t["key"].startswith(NOT_READY_TAINTS)]
+    return ready and not (node.get("spec") or {}).get("unschedulable") and not held
+
+
+def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
+    try:
+        proc = subprocess.run([*layer.kubectl(lab), "get", "nodes", "-o", "json"], capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {}
+    if proc.returncode != 0:
+        return {}
+    return {n["metadata"]["name"]: n for n in json.loads(proc.stdout)["items"]}
+
+
+def _is_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def scale_out(
+    lab: Lab,
+    pool: str,
+    count: int,
+    timeout_s: float = 300,
+    progress: Callable[[str], None] = lambda what: None,
+) -> list[Instance]:
+    """Boot `count` new instances of the pool from its image and its model's custom data, and wait
+    until each is schedulable; each timed from its own boot."""
+    image = image_dir(lab, pool)
+    if not (image / "root").is_dir():
+        raise LabError(f"pool {pool!r} has no baked image: run `superkube lab bake {pool}` first")
+    _pool_group(lab, pool)  # a pool the lab has: one clear line, not a KeyError below
+    scale_set = lab.pools[pool]["scale_set"]
+    model = join_tokens.DirectoryModels(models_dir(lab)).path(scale_set)
+    if not model.is_file():
+        raise LabError(
+            f"scale set {scale_set} has no model with join credentials: run `superkube lab publish` first"
+        )
+    files = instance_files(model.read_text())
+    booted = _boot(lab, pool, count, image / "root", files, progress)
+    return _until_schedulable(lab, booted, timeout_s, progress)
+
+
+def _boot(
+    lab: Lab,
+    pool: str,
+    count: int,
+    image: Path | None,
+    files: dict[str, list[str]] | None,
+    progress: Callable[[str], None],
+) -> dict[str, float]:
+    """Boot `count` new instances of the pool, as Azure creates them: from `image` (None: the base
+    image) with cloud-init's `files` (None: the plan's) written and its runcmd done (the join path
+    unit enabled); when each booted (this machine's monotonic clock, which the hosts share)."""
+    group = _pool_group(lab, pool)
+    booted: dict[str, float] = {}
+    for name in _next_names(lab, group, count):
+        host = hosts.add_host(lab, name, group, pool, image=str(image) if image else "")
+        try:
+            root = hosts._prepare_root(lab, host, files=files)
+            _enable_join(root)
+            if image is not None:  # the image's disk: containerd's store, with its images
+                _copy(image.parent / "containerd", hosts._host_dir(lab, host) / "containerd")
+            booted[name] = time.monotonic()
+            hosts.boot(lab, host, root)
+        except BaseException:
+            hosts.remove_host(lab, name)
+            raise
+        lab.save()
+        progress(f"{name}: booted from the {'base' if image is None else pool} image")
+    hosts._write_known_hosts(lab)
+    hosts.write_inventory(lab)
+    return booted
+
+
+def scale_out_by_converge(
+    lab: Lab,
+    pool: str,
+    count: int,
+    timeout_s: float = 900,
+    progress: Callable[[str], None] = lambda what: None,
+) -> list[Instance]:
+    """The join before images, for comparison: instances boot from the base image with the plan's
+    custom data (no join credentials), converge runs the site playbook over them, and its bootstrap
+    kubeconfig starts their join; each timed from its own boot, as `scale_out` times its instances."""
+    from superkube.fleet import converge as runner
+
+    # the plan's cloud-init files; its runcmd makes the join wait for converge's bootstrap kubeconfig
+    booted = _boot(lab, pool, count, None, None, progress)
+    for name in booted:
+        hosts.wait_ready(lab, lab.host(name), time.monotonic() + 120)
+    progress(f"converging {', '.join(booted)}")
+    result = runner.converge(lab.inventory, limit=",".join(booted))
+    if not result.ok:
+        why = "; ".join(f"{h}: {r.task}: {r.message}" for h, r in result.hosts.items() if not r.healthy)
+        raise LabError(f"converge of the new instances failed ({why or 'see the runner output'})")
+    return _until_schedulable(lab, booted, timeout_s, progress)
+
+
+def _until_schedulable(
+    lab: Lab, booted: Mapping[str, float], timeout_s: float, progress: Callable[[str], None]
+) -> list[Instance]:
+    ready: dict[str, float] = {}
+    usable: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(usable) < len(booted):
+        seen = _nodes(lab)
+        at = time.monotonic()
+        for name in booted:
+            node = seen.get(name)
+            if node is None:
+                continue
+            if name not in ready and _is_ready(node):
+                ready[name] = at
+                progress(f"{name}: Ready {at - booted[name]:.1f} s after boot")
+            if name not in usable and schedulable(node):
+                usable[name] = at
+                ready.setdefault(name, at)
+                progress(f"{name}: schedulable {at - booted[name]:.1f} s after boot")
+        if len(usable) == len(booted):
+            break
+        if time.monotonic() > deadline:
+            late = sorted(set(booted) - set(usable))
+            raise LabError(
+                f"not schedulable {timeout_s:.0f} s after boot: {', '.join(late)} "
+                f"(Ready: {', '.join(sorted(ready)) or 'none'}; their console logs are under {lab.state_dir}/hosts)"
+            )
+        time.sleep(0.5)
+    return [Instance(n, round(ready[n] - booted[n], 2), round(usable[n] - booted[n], 2)) for n in booted]
+
+
+def scale_in(
+    lab: Lab, pool: str, count: int, progress: Callable[[str], None] = lambda what: None
+) -> list[str]:
+    """Return the pool's newest `count` instances: each drained (PodDisruptionBudgets respected),
+    its Node deleted, and the instance deleted, its addresses free for the next."""
+    group = _pool_group(lab, pool)
+    mine = [h for h in lab.hosts if h.pool == pool and h.group == group]
+    if count > len(mine):
+        raise LabError(f"pool {pool} has {len(mine)} instances; cannot take {count} away")
+    gone = [h.name for h in mine[len(mine) - count :]]
+    for name in gone:
+        drain = subprocess.run(
+            [*layer.kubectl(lab), "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s"],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        if drain.returncode != 0 and "not found" not in drain.stderr:
+            raise LabError(f"{name}: drain failed, nothing deleted: {drain.stderr.strip().splitlines()[-1:]}")
+        progress(f"{name}: drained")
+        hosts.remove_host(lab, name)
+        subprocess.run([*layer.kubectl(lab), "delete", "node", name, "--ignore-not-found"], capture_output=True,
+                       text=True, timeout=60, check=False)  # fmt: skip
+        progress(f"{name}: instance and Node deleted")
+    hosts._write_known_hosts(lab)
+    hosts.write_inventory(lab)
+    return gone
+
+
+def logins(lab: Lab, host: Host) -> list[str]:
+    """The SSH logins sshd accepted on a running host, read from its own journal (not over SSH)."""
+    children = hosts._children(host.pid) if host.pid else []
+    if not children:
+        raise LabError(f"{host.name} is not running")
+    proc = subprocess.run(
+        ["nsenter", "-t", str(children[0]), "-m", "-p", "journalctl", "--no-pager", "-o", "cat",
+         "-t", "sshd", "-g", "Accepted"], capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    if proc.returncode not in (0, 1):
+        raise LabError(f"{host.name}: cannot read its journal: {proc.stderr.strip()[:200]}")
+    return [line for line in proc.stdout.splitlines() if "Accepted" in line]

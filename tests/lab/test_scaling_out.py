@@ -1,0 +1,146 @@
+"""Scale-out without Ansible, on the lab's real control plane (superkube.lab.scaleout):
+
+- the GPU pool's image is baked by converging a builder host with the node roles; it carries the
+  node software and the imported images, and none of the builder's own state or any credential;
+- the join-token publisher issues a short-lived token in the real API server and writes the pool's
+  model (the plan's custom data plus the bootstrap kubeconfig);
+- four instances boot from the image with that custom data alone, at once: each one's kubelet joins
+  by that token (its CSR says so), registers as the plan says, passes preflight and is schedulable,
+  and no SSH login ever reached any of them;
+- scale-in drains and deletes two: their Nodes are gone and the next instance takes a freed address.
+
+Shares the control-plane lab (same shape) and runs after test_running_the_agents, in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from superkube.agents import join_tokens
+from superkube.cli import app
+from superkube.cluster import cloudinit, join
+from superkube.lab import hosts as lab
+from superkube.lab import nodes, scaleout
+from superkube.model import teams
+from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from tests.lab.conftest import Labs, get, kubectl
+
+JOINED = ("gpu-1", "cpu-1")
+NEW = 4
+CONDITION_TAINTS = ("node.kubernetes.io/",)
+
+
+def gpu_pool(fleet: lab.Lab) -> str:
+    return next(h.pool for h in fleet.hosts if h.group == "gpu_nodes")
+
+
+@pytest.fixture(scope="module")
+def baked(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+    labs.converge(control_plane)
+    applied = CliRunner().invoke(app, ["lab", "apply"])
+    assert applied.exit_code == 0, applied.output
+    nodes.join(control_plane, JOINED)
+    pool = gpu_pool(control_plane)
+    published = scaleout.publish(control_plane)
+    image = scaleout.bake(control_plane, pool)
+    return {"pool": pool, "published": published, "image": image}
+
+
+@pytest.fixture(scope="module")
+def scaled(control_plane: lab.Lab, baked: dict[str, Any]) -> dict[str, Any]:
+    before = {h.name for h in control_plane.hosts}
+    result = CliRunner().invoke(app, ["lab", "scale", baked["pool"], f"+{NEW}", "--output", "json"])
+    assert result.exit_code == 0, result.output
+    instances = json.loads(result.stdout)
+    fleet = lab.Lab.load()
+    assert fleet is not None
+    return {"instances": instances, "fleet": fleet, "new": sorted({h.name for h in fleet.hosts} - before)}
+
+
+def test_the_baked_image_holds_the_node_software_and_nothing_of_the_builder(
+    control_plane: lab.Lab, baked: dict[str, Any]
+) -> None:
+    root = baked["image"] / "root"
+    assert (root / "usr/local/bin/kubelet").is_file()
+    config = yaml.safe_load((root / "var/lib/kubelet/config.yaml").read_text())
+    assert config["kind"] == "KubeletConfiguration" and config["serverTLSBootstrap"] is True
+    assert (root / "etc/kubernetes/pki/ca.crt").is_file()
+    assert (baked["image"] / "containerd").is_dir() and any((baked["image"] / "containerd").iterdir())
+    # none of the builder's own state, no credential, and none of cloud-init's files (each instance's)
+    assert not (root / cloudinit.BOOTSTRAP_KUBECONFIG.lstrip("/")).exists()
+    assert not list((root / "etc/ssh").glob("ssh_host_*"))
+    assert (root / "etc/machine-id").read_text() == ""
+    assert (
+        not any((root / "var/lib/kubelet/pki").glob("*")) if (root / "var/lib/kubelet/pki").exists() else True
+    )
+    for path in control_plane.cloud_init[baked["pool"]]:
+        assert not (root / path.lstrip("/")).exists(), path
+    assert all(h.name != f"builder-{baked['pool']}" for h in control_plane.hosts)  # the builder is gone
+
+
+def test_the_publisher_wrote_an_expiring_token_into_the_pools_model(
+    control_plane: lab.Lab, baked: dict[str, Any]
+) -> None:
+    scale_set = control_plane.pools[baked["pool"]]["scale_set"]
+    assert scale_set in baked["published"]["written"]
+    model = join_tokens.DirectoryModels(scaleout.models_dir(control_plane)).path(scale_set)
+    assert oct(os.stat(model).st_mode & 0o777) == "0o600"
+    doc = cloudinit.decode(model.read_text())
+    kubeconfig = yaml.safe_load(join.joining_file(doc)["content"])  # type: ignore[index]
+    assert join.Token.parse(kubeconfig["users"][0]["user"]["token"]).id == baked["published"]["token_id"]
+    secret = get(
+        control_plane,
+        "secret",
+        "-n",
+        join.TOKEN_NAMESPACE,
+        f"bootstrap-token-{baked['published']['token_id']}",
+    )
+    left = (join.expiration(secret) - join.now()).total_seconds()  # type: ignore[operator]
+    assert 0 < left <= join.DEFAULT_TTL_S
+
+
+def test_new_instances_join_from_the_image_and_their_custom_data_alone(
+    baked: dict[str, Any], scaled: dict[str, Any]
+) -> None:
+    fleet: lab.Lab = scaled["fleet"]
+    new = scaled["new"]
+    assert len(new) == NEW and {i["node"] for i in scaled["instances"]} == set(new)
+    for i in scaled["instances"]:
+        assert 0 < i["boot_to_ready_s"] <= i["boot_to_schedulable_s"], i
+    token_user = f"system:bootstrap:{baked['published']['token_id']}"
+    csrs = json.loads(kubectl(fleet, "get", "csr", "-o", "json").stdout)["items"]
+    by_token = {c["metadata"]["name"] for c in csrs if c["spec"]["username"] == token_user}
+    assert len(by_token) >= NEW, "each new kubelet asked for its certificate with the published token"
+    for name in new:
+        node = get(fleet, "node", name)
+        taints = {(t["key"], t.get("value")) for t in node["spec"].get("taints") or []}
+        assert (teams.TEAM_KEY, teams.ANY) in taints and PREFLIGHT_TAINT_KEY not in {k for k, _ in taints}
+        assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
+        host = fleet.host(name)
+        assert host.image == str(baked["image"] / "root")
+        assert scaleout.logins(fleet, host) == [], f"{name}: an SSH login reached it"
+        events = get(fleet, "events", "-A", f"--field-selector=involvedObject.name={name}")["items"]
+        assert "PreflightPassed" in {e["reason"] for e in events}, name
+
+
+def test_scale_in_drains_and_deletes_and_the_next_instance_takes_a_freed_address(
+    scaled: dict[str, Any], baked: dict[str, Any]
+) -> None:
+    fleet = lab.Lab.load()
+    assert fleet is not None
+    result = CliRunner().invoke(app, ["lab", "scale", baked["pool"], "-2"])
+    assert result.exit_code == 0, result.output
+    gone = scaled["new"][-2:]
+    freed = {fleet.host(n).address for n in gone}
+    after = lab.Lab.load()
+    assert after is not None and not {h.name for h in after.hosts} & set(gone)
+    names = {n["metadata"]["name"] for n in get(after, "nodes")["items"]}
+    assert not names & set(gone)
+    again = scaleout.scale_out(after, baked["pool"], 1)
+    assert after.host(again[0].name).address in freed
