@@ -74,7 +74,12 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
     assert set(changed) == {
         node_health.HEALTH_CONTROLLER,
         *(f"{a}-{p}" for a in (node_health.HEALTH, node_health.PREFLIGHT) for p in pools),
+        *(f"balloon-{p.name}" for p in flagship_plan.spec.node_pools),
     }
+    for p in flagship_plan.spec.node_pools:  # balloons: the replicas, and nothing else
+        before, after = changed[f"balloon-{p.name}"]
+        assert before["spec"]["replicas"] == p.nodes and after["spec"]["replicas"] == 0
+        assert {**after, "spec": {**after["spec"], "replicas": p.nodes}} == before
     left = {o["metadata"]["name"] for o in objects if agent_pods.left_out(o)}
     assert left == {f"{node_health.GPU_TEST}-{p}" for p in pools}
     for pool in pools:

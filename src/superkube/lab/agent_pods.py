@@ -14,6 +14,8 @@ everything it changes is listed here, and nowhere else:
 - The health controller's breaker at BREAKER_SHARE: the lab's GPU pool has two nodes, and the
   flagship's 5 % would never let health cordon one of them.
 - The periodic GPU test's CronJob is left out: its image and its GPUs do not exist here.
+- Balloons at no replicas. Each asks for a whole node of its pool (GPUs included), which no lab node
+  has; at the plan's count (the pool's maximum) they would be thousands of Pending pods.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def left_out(obj: dict[str, Any]) -> bool:
 
 def lab_only(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as the lab runs it (see the module's list); any other object is returned as it is."""
-    from modules.platform import node_health
+    from modules.platform import balloons, node_health
 
     kind, name = obj.get("kind"), str((obj.get("metadata") or {}).get("name", ""))
     agent = next((a for a in (node_health.PREFLIGHT, node_health.HEALTH) if name.startswith(f"{a}-")), None)
@@ -110,6 +112,14 @@ def lab_only(obj: dict[str, Any]) -> dict[str, Any]:
             *pod.get("volumes", []),
             {"name": "lab-reading", "hostPath": {"path": READING_DIR, "type": "DirectoryOrCreate"}},
         ]
+        return out
+    component = ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component")
+    if kind == "Deployment" and component == balloons.COMPONENT:
+        # each balloon asks for a whole node of its pool (its GPUs, most of its CPU and memory), which
+        # no lab node has: at the plan's replicas (a pool's maximum, 7,500) they would only be
+        # thousands of Pending pods the scheduler keeps retrying
+        out = copy.deepcopy(obj)
+        out["spec"]["replicas"] = 0
         return out
     if kind == "Deployment" and name == node_health.HEALTH_CONTROLLER:
         out = copy.deepcopy(obj)
