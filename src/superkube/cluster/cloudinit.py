@@ -2,11 +2,13 @@
 
 cloud-init is the one writer of a node's registration (its labels and taints, in
 /etc/default/kubelet): it runs on every scale-set instance, the autoscaler's too, and the labels and
-taints come from the same functions as the autoscaler's node-template tags. The node_software role
-writes everything else (the kubelet, its configuration and its bootstrap kubeconfig).
+taints come from the same functions as the autoscaler's node-template tags. The node roles write
+everything else (the kubelet and its configuration), once into the pool's image or by converge.
 
-Joining waits for both: `superkube-join.path` fires once converge has written the bootstrap
-kubeconfig; the join then sleeps a random 0..jitter seconds before its kubelet starts. Hundreds of
+Joining waits for the bootstrap kubeconfig: `superkube-join.path` fires once it exists. An instance
+gets it from its own custom data, which the join-token publisher completes in the scale set's model
+(superkube.cluster.join); a node converge reaches before it joined gets it from the kubelet role. The
+join then sleeps a random 0..jitter seconds before its kubelet starts. Hundreds of
 VMs that the autoscaler adds at once would otherwise all register, list and watch within seconds of
 each other (cluster-autoscaler's --max-nodes-per-scaleup only caps one scale-up; it does not pace
 joins).
@@ -30,7 +32,7 @@ PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}"
 REGISTRATION_FILE = "/etc/default/kubelet"
 JOIN_SCRIPT = "/usr/local/sbin/superkube-join"
 JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
-# written by the node_software role; its arrival starts the join
+# from the model's custom data (or the kubelet role); its arrival starts the join
 BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 
 
@@ -100,7 +102,7 @@ def render(
     join_path = "\n".join(
         [
             "[Unit]",
-            "Description=Join the cluster once converge has written the kubelet's bootstrap kubeconfig",
+            "Description=Join the cluster once the kubelet's bootstrap kubeconfig is there",
             "",
             "[Path]",
             f"PathExists={BOOTSTRAP_KUBECONFIG}",

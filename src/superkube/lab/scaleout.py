@@ -22,6 +22,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -341,15 +342,36 @@ def scale_out_by_converge(
     for name in booted:
         hosts.wait_ready(lab, lab.host(name), time.monotonic() + 120)
     progress(f"converging {', '.join(booted)}")
-    result = runner.converge(lab.inventory, limit=",".join(booted))
-    if not result.ok:
-        why = "; ".join(f"{h}: {r.task}: {r.message}" for h, r in result.hosts.items() if not r.healthy)
-        raise LabError(f"converge of the new instances failed ({why or 'see the runner output'})")
-    return _until_schedulable(lab, booted, timeout_s, progress)
+    # converge runs while the nodes are watched: each joins as soon as converge's kubelet role has
+    # written its bootstrap kubeconfig, before the play ends, and is timed then
+    done: list[Any] = []
+    play = threading.Thread(
+        target=lambda: done.append(runner.converge(lab.inventory, limit=",".join(booted))), daemon=True
+    )
+    play.start()
+
+    def failed() -> str | None:
+        if play.is_alive():
+            return None
+        if not done:
+            return "converge of the new instances stopped with an error (printed above)"
+        if done[0].ok:
+            return None
+        why = "; ".join(f"{h}: {r.task}: {r.message}" for h, r in done[0].hosts.items() if not r.healthy)
+        return f"converge of the new instances failed ({why or 'see the runner output'})"
+
+    try:
+        return _until_schedulable(lab, booted, timeout_s, progress, failed)
+    finally:
+        play.join()
 
 
 def _until_schedulable(
-    lab: Lab, booted: Mapping[str, float], timeout_s: float, progress: Callable[[str], None]
+    lab: Lab,
+    booted: Mapping[str, float],
+    timeout_s: float,
+    progress: Callable[[str], None],
+    failed: Callable[[], str | None] = lambda: None,
 ) -> list[Instance]:
     ready: dict[str, float] = {}
     usable: dict[str, float] = {}
@@ -370,6 +392,9 @@ def _until_schedulable(
                 progress(f"{name}: schedulable {at - booted[name]:.1f} s after boot")
         if len(usable) == len(booted):
             break
+        why = failed()
+        if why:
+            raise LabError(why)
         if time.monotonic() > deadline:
             late = sorted(set(booted) - set(usable))
             raise LabError(
