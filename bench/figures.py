@@ -146,6 +146,7 @@ def summary_table() -> str:
         *_autoscaler_rows(),
         *_agents_rows(),
         *_real_nodes_rows(),
+        *_scale_out_rows(),
         (
             "`superkube lab build` from empty caches: "
             + " / ".join(built["cold_per_component_s"])
@@ -162,6 +163,30 @@ def summary_table() -> str:
         ),
     ]
     return _table(("figure", "value", "from"), rows)
+
+
+def _scale_out_rows() -> list[tuple[str, str, str]]:
+    """New GPU instances joining from the baked image against converge's join (bench/scale_out.py)."""
+    out = results("scale_out")
+    image, today = out["image"], out["converge"]
+    return [
+        (
+            f"{out['count']} GPU instances booted at once, joining from the baked image and their custom data "
+            "alone / booted from the base image and converged: boot -> Ready p50 (max); boot -> schedulable "
+            "(past preflight) p50 (max)",
+            f"{image['boot_to_ready_p50_s']:.1f} ({image['boot_to_ready_max_s']:.1f}) / "
+            f"{today['boot_to_ready_p50_s']:.1f} ({today['boot_to_ready_max_s']:.1f}) s; "
+            f"{image['boot_to_schedulable_p50_s']:.1f} ({image['boot_to_schedulable_max_s']:.1f}) / "
+            f"{today['boot_to_schedulable_p50_s']:.1f} ({today['boot_to_schedulable_max_s']:.1f}) s; "
+            f"converge / image, schedulable p50: {out['ratio_boot_to_schedulable_p50']:.1f}x",
+            "scale_out.json",
+        ),
+        (
+            "baking the GPU pool's lab image (a builder booted, converged alone, captured)",
+            f"{out['bake_s']:.0f} s",
+            "scale_out.json",
+        ),
+    ]
 
 
 def _real_nodes_rows() -> list[tuple[str, str, str]]:
