@@ -171,7 +171,7 @@ def _scale_out_rows() -> list[tuple[str, str, str]]:
     image, today = out["image"], out["converge"]
     return [
         (
-            f"{out['count']} GPU instances booted at once, joining from the baked image and their custom data "
+            f"{out['count']} GPU instances booted back to back, joining from the baked image and their custom data "
             "alone / booted from the base image and converged: boot -> Ready p50 (max); boot -> schedulable "
             "(past preflight) p50 (max)",
             f"{image['boot_to_ready_p50_s']:.1f} ({image['boot_to_ready_max_s']:.1f}) / "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import binascii
 import json
 import shlex
@@ -179,8 +180,15 @@ def _decoded(r: PlanResource) -> dict | None:
 def _no_credentials_in_plan(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for r in view.of_type(VM) + view.of_type(VMSS):
         doc = _decoded(r)
-        for found in join.credentials_in(doc) if doc else []:
-            yield Finding(f"custom data carries a credential: {found}", r.urn)
+        found = join.credentials_in(doc) if doc else []
+        for what in found:
+            yield Finding(f"custom data carries a credential: {what}", r.urn)
+        try:  # anywhere else in it: runcmd, bootcmd, a document that is not cloud-config
+            text = base64.b64decode(_os_profile(r).get("customData") or "").decode(errors="replace")
+        except (ValueError, binascii.Error):
+            text = ""
+        if not found and (join.TOKEN_PATTERN.search(text) or "PRIVATE KEY-----" in text):
+            yield Finding("custom data carries a bootstrap token or a private key", r.urn)
         profile = r.props.get("virtualMachineProfile") if r.type == VMSS else r.props
         if (profile or {}).get("userData"):
             yield Finding(
@@ -286,7 +294,7 @@ RULES = [
     Rule(
         "compute-join-token-short-lived",
         "critical",
-        f"Every join token expires, within a day ({join.MAX_TTL_S // 3600} h), and a new one is published before "
+        f"Every join token the publisher issues expires, within a day ({join.MAX_TTL_S // 3600} h), and a new one is published before "
         "the last expires: a leaked token mints node identities until it does.",
         f"Drop the {JOIN_TOKENS_VAR} group variable, or set ttl_s above 0 and at most {join.MAX_TTL_S} and "
         "rotate_s below ttl_s.",

@@ -144,6 +144,46 @@ def test_a_deleted_token_is_revoked_at_once_and_replaced_at_the_next_round(
     assert whoami(api, second.token.value).returncode == 0
 
 
+class RefusingModels(jt.DirectoryModels):
+    """A folder that refuses one scale set's model, as Resource Manager refuses a set being updated."""
+
+    def publish(self, scale_set: str, custom_data: str) -> None:
+        if scale_set == "vmss-gpu-0":
+            raise gov.ServiceError("writing scale set vmss-gpu-0's custom data: HTTP 409 Conflict")
+        super().publish(scale_set, custom_data)
+
+
+def test_one_refused_model_does_not_keep_the_others_on_the_old_token(
+    api: LocalApi, publisher: jt.Publisher, tmp_path: Path
+) -> None:
+    publisher.models = RefusingModels(tmp_path / "models")
+    with pytest.raises(gov.ServiceError, match=r"not written to 1 scale sets: vmss-gpu-0: .*409"):
+        publisher.once()
+    assert (tmp_path / "models" / f"vmss-gpu-1{jt.CUSTOM_DATA_SUFFIX}").is_file()
+    publisher.models = jt.DirectoryModels(tmp_path / "models")
+    assert publisher.once().written == ("vmss-gpu-0",)  # the next round writes the one refused
+
+
+def test_every_model_is_written_again_each_refresh_with_the_same_token(publisher: jt.Publisher) -> None:
+    clock = Clock()
+    publisher.clock = clock
+    first = publisher.once()
+    clock.at += timedelta(seconds=publisher.config.refresh_s + 1)
+    again = publisher.once()
+    assert (again.token, again.issued) == (first.token, False)
+    assert set(again.written) == set(publisher.config.documents)  # a pulumi up may have put the plan's back
+
+
+def test_a_labelled_secret_that_is_no_whole_token_is_passed_over(
+    api: LocalApi, publisher: jt.Publisher
+) -> None:
+    broken = join.token_secret(join.new_token(), join.now(), publisher.config.cluster)
+    broken["data"]["expiration"] = join._b64("whenever")
+    apiserver.kubectl(api, "apply", "-f", "-", stdin=json.dumps(broken))
+    done = publisher.once()
+    assert done.issued and done.token.id != join.secret_token(broken).id
+
+
 def test_the_server_refuses_a_token_past_its_expiration(api: LocalApi) -> None:
     token = join.new_token()
     past = join.token_secret(token, join.now() - timedelta(seconds=5), unique("c"))
@@ -211,7 +251,9 @@ def write(path: Path, **fields: Any) -> Path:
     [
         ({"ttl_s": 0}, "a join token must expire"),
         ({"ttl_s": 2 * join.MAX_TTL_S}, "a join token must be short-lived"),
-        ({"rotate_s": join.DEFAULT_TTL_S}, "must be above 0 and below ttl_s"),
+        ({"rotate_s": join.DEFAULT_TTL_S}, "leave each token"),
+        ({"interval_s": 0}, "interval_s 0 must be above 0"),
+        ({"documents": ["not", "a", "map"]}, "documents must map each scale set"),
         ({"directory": ""}, "give `directory`, or the resource group's ID"),
         ({"documents": {"vmss": "not cloud-config"}}, "documents must map each scale set"),
         ({"surprise": 1}, "want a JSON object with"),

@@ -1,10 +1,11 @@
 """Scale-out without Ansible, on the lab's real control plane (superkube.lab.scaleout):
 
 - the GPU pool's image is baked by converging a builder host with the node roles; it carries the
-  node software and the imported images, and none of the builder's own state or any credential;
+  node software and the imported images, and none of the builder's own state, no join credential
+  (kube-proxy's client certificate is still in it: the README says so);
 - the join-token publisher issues a short-lived token in the real API server and writes the pool's
   model (the plan's custom data plus the bootstrap kubeconfig);
-- four instances boot from the image with that custom data alone, at once: each one's kubelet joins
+- four instances boot from the image with that custom data alone, back to back: each one's kubelet joins
   by that token (its CSR says so), registers as the plan says, passes preflight and is schedulable,
   and no SSH login ever reached any of them;
 - scale-in drains and deletes two: their Nodes are gone and the next instance takes a freed address.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,5 +145,14 @@ def test_scale_in_drains_and_deletes_and_the_next_instance_takes_a_freed_address
     assert after is not None and not {h.name for h in after.hosts} & set(gone)
     names = {n["metadata"]["name"] for n in get(after, "nodes")["items"]}
     assert not names & set(gone)
+    # nothing of them is left on this machine: no namespace, no root, no mount, no veth
+    namespaces = lab._lab_namespaces()
+    mounts = Path("/proc/mounts").read_text()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    for name in gone:
+        assert f"{lab.PREFIX}-{name}" not in namespaces
+        assert not (Path(after.state_dir) / "hosts" / name).exists()
+        assert f"/hosts/{name}/" not in mounts
+    assert not [line for line in links.splitlines() if " skl" in line]  # every veth end is in a namespace
     again = scaleout.scale_out(after, baked["pool"], 1)
     assert after.host(again[0].name).address in freed

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 from typing import Any
 
 import pytest
+import yaml
 
 from policies.rules import ALL_RULES
+from superkube.cluster import join
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 from tests.policies.mutations import BY_RULE
@@ -92,7 +95,7 @@ def test_peered_group_limit_fires_when_other_spokes_fill_the_hub(
     [
         ({"ttl_s": 0, "rotate_s": 0}, "must expire"),
         ({"ttl_s": 7 * 24 * 3600, "rotate_s": 3600}, "short-lived"),
-        ({"ttl_s": 3600, "rotate_s": 3600}, "below ttl_s"),
+        ({"ttl_s": 3600, "rotate_s": 3600}, "leave each token"),
         ("forever", "no lifetime settings"),
     ],
 )
@@ -104,6 +107,35 @@ def test_a_join_token_that_never_expires_or_outlives_a_day_is_refused(
     changed = dataclasses.replace(dev_config, group_vars={"superkube_join_tokens": settings})
     (finding,) = findings(rule, dev_doc, changed)
     assert says in finding.message
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["runcmd", "user data", "key file"],
+)
+def test_a_credential_anywhere_in_custom_data_or_any_user_data_is_refused(
+    dev_doc: dict[str, Any], dev_config: checks.RuleConfig, where: str
+) -> None:
+    rule = RULES["compute-vmss-custom-data-no-credentials"]
+    assert findings(rule, dev_doc, dev_config) == []
+    doc = copy.deepcopy(dev_doc)
+    vmss = next(r for r in doc["resources"] if r["type"] == "azure-native:compute:VirtualMachineScaleSet")
+    profile = vmss["inputs"]["virtualMachineProfile"]
+    text = base64.b64decode(profile["osProfile"]["customData"]).decode()
+    cloud = yaml.safe_load(text)
+    if where == "runcmd":
+        cloud["runcmd"].append(["sh", "-c", f"echo {join.new_token().value} > /tmp/t"])
+    elif where == "key file":
+        cloud["write_files"].append({"path": "/etc/k.pem", "content": "-----BEGIN EC PRIVATE KEY-----\nx\n"})
+    else:
+        profile["userData"] = base64.b64encode(b"anything").decode()
+    profile["osProfile"]["customData"] = base64.b64encode(
+        ("#cloud-config\n" + yaml.safe_dump(cloud)).encode()
+    ).decode()
+    (finding,) = findings(rule, doc, dev_config)
+    assert {"runcmd": "bootstrap token", "key file": "private key", "user data": "user data"}[
+        where
+    ] in finding.message
 
 
 def test_apiserver_rule_rejects_a_configured_even_count(

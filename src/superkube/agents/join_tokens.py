@@ -104,6 +104,9 @@ class PublisherConfig:
     ttl_s: float = join.DEFAULT_TTL_S
     rotate_s: float = join.DEFAULT_ROTATE_S
     interval_s: float = 60.0
+    refresh_s: float = 600.0
+    """Write every model again this often even with no new token: a `pulumi up` that updates a scale
+    set for another reason sends the plan's document (without the token) along with it."""
     group: str = join.JOIN_GROUP
     directory: str = ""
     """Write models as files here (the lab) instead of through Azure Resource Manager."""
@@ -128,11 +131,19 @@ class PublisherConfig:
             )
         try:
             config = cls(**data)
-            join.check_lifetime(float(config.ttl_s), float(config.rotate_s))
+            join.check_lifetime(float(config.ttl_s), float(config.rotate_s), float(config.interval_s))
+            if float(config.refresh_s) < float(config.interval_s):
+                raise ValueError(
+                    f"refresh_s {config.refresh_s} must be at least interval_s {config.interval_s}"
+                )
         except (TypeError, ValueError) as exc:
             raise ServiceError(f"{path}: {exc}") from None
-        if not config.documents or not all(
-            isinstance(d, str) and d.startswith("#cloud-config\n") for d in config.documents.values()
+        if (
+            not isinstance(config.documents, dict)
+            or not config.documents
+            or not all(
+                isinstance(d, str) and d.startswith("#cloud-config\n") for d in config.documents.values()
+            )
         ):
             raise ServiceError(f"{path}: documents must map each scale set to its #cloud-config document")
         if not config.directory and not (config.scope.startswith("/subscriptions/") and config.client_id):
@@ -160,7 +171,7 @@ class Publisher:
     ) -> None:
         self.config, self.kube, self.models, self.clock = config, kube, models, clock
         self.ca_pem = Path(config.ca_file).read_text()
-        self.given: dict[str, str] = {}  # scale set -> the token id its model holds
+        self.given: dict[str, tuple[str, datetime]] = {}  # scale set -> (its model's token id, written at)
 
     def current(self) -> tuple[join.Token, datetime] | None:
         """This cluster's newest published token with time left, and its expiration."""
@@ -173,9 +184,16 @@ class Publisher:
         listed = self.kube.get(f"/api/v1/namespaces/{join.TOKEN_NAMESPACE}/secrets?{query}") or {}
         valid = []
         for secret in listed.get("items") or []:
-            expires = join.expiration(secret)
+            try:
+                expires, token = join.expiration(secret), join.secret_token(secret)
+            except (KeyError, TypeError, ValueError):  # not one this publisher made whole: not used
+                log.warning(
+                    "ignoring token Secret %s: not a whole bootstrap token",
+                    secret.get("metadata", {}).get("name"),
+                )
+                continue
             if expires is not None and expires > self.clock():
-                valid.append((expires, join.secret_token(secret)))
+                valid.append((expires, token))
         if not valid:
             return None
         expires, token = max(valid, key=lambda v: v[0])
@@ -199,14 +217,24 @@ class Publisher:
             self.config.ttl_s - self.config.rotate_s
         )
         token, expires = found if found is not None and fresh else self.issue()
-        written = []
+        written, refused = [], []
+        now = self.clock()
         for scale_set in self.config.documents:
-            if self.given.get(scale_set) == token.id:
+            held = self.given.get(scale_set)
+            if held and held[0] == token.id and (now - held[1]).total_seconds() < self.config.refresh_s:
                 continue
-            self.models.publish(scale_set, self.custom_data(scale_set, token))
-            self.given[scale_set] = token.id
+            try:  # one scale set refused does not keep the others on an older token
+                self.models.publish(scale_set, self.custom_data(scale_set, token))
+            except (ServiceError, OSError) as exc:
+                refused.append(f"{scale_set}: {exc}")
+                continue
+            self.given[scale_set] = (token.id, now)
             written.append(scale_set)
             log.info("scale set %s: new instances join with token %s", scale_set, token.id)
+        if refused:
+            raise ServiceError(
+                f"token {token.id} not written to {len(refused)} scale sets: " + "; ".join(refused)
+            )
         return Published(token, expires, not (found is not None and fresh), tuple(written))
 
     def run(self, rounds: int | None = None) -> None:
@@ -214,7 +242,7 @@ class Publisher:
         while rounds is None or done < rounds:
             try:
                 self.once()
-            except ServiceError as exc:
+            except (ServiceError, OSError, ValueError) as exc:
                 log.warning("round failed, retrying in %.0fs: %s", self.config.interval_s, exc)
             done += 1
             if rounds is None or done < rounds:

@@ -11,9 +11,10 @@ writes each scale set's model with the plan's document plus this one file. Azure
 custom data to instances it creates from then on; instances already running keep what they booted
 with, which no longer matters once they hold a node certificate.
 
-The threat model (README, "Join credentials") rests on three facts kept here: a token always
-expires (`MAX_TTL_S`), the file is root's alone (`KUBECONFIG_MODE`), and the token's group grants only
-the node-bootstrapper role and the auto-approval of node client certificates.
+The threat model (README, "New instances join by themselves") rests on three facts kept here: every
+token the publisher issues expires (`MAX_TTL_S`), the file is root's alone (`KUBECONFIG_MODE`), and
+the token's group grants only the node-bootstrapper role and the auto-approval of node client
+certificates. (The kube_apiserver role's converge token does not expire yet; the README says so.)
 """
 
 from __future__ import annotations
@@ -80,15 +81,25 @@ def new_token() -> Token:
     )
 
 
-def check_lifetime(ttl_s: float, rotate_s: float) -> None:
-    """Refuse a token that would never expire, outlive `MAX_TTL_S`, or expire before the next one
-    is published (instances created between the two could not join)."""
+MIN_LEFT_S = 15 * 60
+"""A model's token has at least this long left when the next one replaces it: an instance Azure
+creates from the model just before then still has time to boot and join."""
+
+
+def check_lifetime(ttl_s: float, rotate_s: float, interval_s: float = 60.0) -> None:
+    """Refuse a token that would never expire or outlive `MAX_TTL_S`, and a rotation that could
+    leave a model's token with less than `MIN_LEFT_S` (plus a round) when the next replaces it."""
     if ttl_s <= 0:
         raise ValueError("ttl_s must be above 0: a join token must expire")
     if ttl_s > MAX_TTL_S:
         raise ValueError(f"ttl_s {ttl_s:.0f} is above {MAX_TTL_S} (a day): a join token must be short-lived")
-    if not 0 < rotate_s < ttl_s:
-        raise ValueError(f"rotate_s {rotate_s:.0f} must be above 0 and below ttl_s {ttl_s:.0f}")
+    if interval_s <= 0:
+        raise ValueError(f"interval_s {interval_s:.0f} must be above 0")
+    if not interval_s <= rotate_s <= ttl_s - MIN_LEFT_S - interval_s:
+        raise ValueError(
+            f"rotate_s {rotate_s:.0f} must be at least interval_s ({interval_s:.0f}) and leave each token "
+            f"{MIN_LEFT_S} s and a round before ttl_s {ttl_s:.0f}: at most {ttl_s - MIN_LEFT_S - interval_s:.0f}"
+        )
 
 
 def _b64(text: str) -> str:

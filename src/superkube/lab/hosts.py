@@ -1083,6 +1083,10 @@ def remove_host(lab: Lab, name: str) -> None:
     if host.netns in _lab_namespaces():
         _end(_namespace_pids(host.netns), signal.SIGKILL, f"in {host.netns}", [])
         run(["ip", "netns", "del", host.netns], check=False)
+    if host.mac:  # a veth an add that failed halfway left behind, which the next add would trip on
+        index = int(host.mac.replace(":", "")[-4:], 16)
+        run(["ip", "link", "del", f"skl{index}h"], check=False)
+        run(["ip", "-n", SWITCH, "link", "del", f"skl{index}s"], check=False)
     lab.hosts.remove(host)
     console = _host_dir(lab, host) / "console.log"
     if console.exists():  # what it printed stays with the lab, for whoever asks why it went

@@ -128,11 +128,12 @@ class Documents:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.stamp: int | None = None
+        self.stamp: tuple[int, int] | None = None  # (inode, mtime): each write replaces the file whole
         self.sources: dict[str, dict[str, Any]] = {}
 
     def lookup(self, source: str) -> dict[str, Any] | None:
-        stamp = self.path.stat().st_mtime_ns
+        seen = self.path.stat()
+        stamp = (seen.st_ino, seen.st_mtime_ns)
         if stamp != self.stamp:
             self.sources, self.stamp = by_source(json.loads(self.path.read_text())), stamp
         return self.sources.get(source)

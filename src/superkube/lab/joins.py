@@ -33,9 +33,7 @@ import base64
 import concurrent.futures
 import http.client
 import json
-import secrets
 import ssl
-import string
 import sys
 import tempfile
 import time
@@ -51,7 +49,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from superkube.agents.serving_certs import NODES_GROUP
-from superkube.cluster.join import Token
+from superkube.cluster.join import Token, new_token
 
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
@@ -61,17 +59,13 @@ PRIORITY_LEVEL_HEADER = "X-Kubernetes-PF-PriorityLevel-UID"
 SIGNED_TIMEOUT_S = 120
 """how long one join waits for its certificate before it counts as failed"""
 MAX_429 = 10  # client-go's default retries of a request the server throttled
-_TOKEN_CHARS = string.ascii_lowercase + string.digits
 
 
 def new_tokens(n: int) -> list[Token]:
     """`n` bootstrap tokens with distinct ids, from the system's randomness."""
     tokens: dict[str, Token] = {}
     while len(tokens) < n:
-        t = Token(
-            "".join(secrets.choice(_TOKEN_CHARS) for _ in range(6)),
-            "".join(secrets.choice(_TOKEN_CHARS) for _ in range(16)),
-        )
+        t = new_token()
         tokens.setdefault(t.id, t)
     return list(tokens.values())
 

@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from superkube.agents import join_tokens
-from superkube.cluster import cloudinit
+from superkube.cluster import cloudinit, join
 from superkube.cluster.join import DEFAULT_ROTATE_S, DEFAULT_TTL_S
 from superkube.lab import hosts, layer
 from superkube.lab.errors import LabError
@@ -64,8 +64,25 @@ RUNCMD = [
 ]
 
 
-def image_dir(lab: Lab, pool: str) -> Path:
-    return Path(lab.state_dir) / IMAGES / pool
+def image_versions(lab: Lab, pool: str) -> list[Path]:
+    """The pool's baked images, oldest first: `images/<pool>/<n>`, one per bake."""
+    folder = Path(lab.state_dir) / IMAGES / pool
+    found = [p for p in folder.glob("*") if p.name.isdigit() and (p / "image.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name))
+
+
+def image_dir(lab: Lab, pool: str) -> Path | None:
+    """The pool's newest baked image (None: never baked)."""
+    versions = image_versions(lab, pool)
+    return versions[-1] if versions else None
+
+
+def _prune(lab: Lab, pool: str, keep: Path) -> None:
+    """Remove the pool's older images no instance boots from (an overlay's lower layer must stay)."""
+    used = {Path(h.image).parent for h in lab.hosts if h.image}
+    for old in image_versions(lab, pool):
+        if old != keep and old not in used:
+            shutil.rmtree(old)
 
 
 def models_dir(lab: Lab) -> Path:
@@ -105,7 +122,8 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
 
     group = _pool_group(lab, pool)
     name = f"builder-{pool}"
-    target = image_dir(lab, pool)
+    newest = image_dir(lab, pool)
+    target = Path(lab.state_dir) / IMAGES / pool / str(int(newest.name) + 1 if newest else 1)
     progress(f"{name}: a builder host from the base image")
     builder = hosts.add_host(lab, name, group, pool)
     try:
@@ -123,8 +141,7 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
         hosts._terminate(builder.pid)
         builder.pid = None
         progress(f"{name}: capturing its root and containerd store")
-        if target.exists():
-            shutil.rmtree(target)
+        shutil.rmtree(target, ignore_errors=True)  # a bake that stopped halfway left it unfinished
         _copy(root, target / "root")
         _copy(hosts._host_dir(lab, builder) / "containerd", target / "containerd")
         removed = generalize(target / "root", lab.cloud_init.get(pool, {}))
@@ -132,13 +149,14 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
             json.dumps({"pool": pool, "baked_at": time.time(), "generalized": removed}, indent=2)
         )
     except BaseException:
-        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)  # this bake's own folder, never an earlier image
         raise
     finally:
         if any(h.name == name for h in lab.hosts):
             hosts.remove_host(lab, name)
         hosts._write_known_hosts(lab)
         hosts.write_inventory(lab)
+    _prune(lab, pool, target)
     progress(f"{pool}: image baked in {target}")
     return target
 
@@ -162,14 +180,19 @@ def publisher_config(lab: Lab) -> Path:
         "current-context": "admin@lab",
     }  # fmt: skip
     (pki / PUBLISHER_KUBECONFIG).write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    if not all("custom_data" in p for p in lab.pools.values()):
+        raise LabError(
+            "this lab was started by an older superkube: run `superkube lab down` and `lab up` again"
+        )
     documents = join_tokens.documents_of({p["scale_set"]: p["custom_data"] for p in lab.pools.values()})
+    settings = lab.facts.get("join_tokens") or {}  # the inventory's superkube_join_tokens
     config = {
         "cluster": hosts.LAB_STACK,
         "server": server,
         "ca_file": str(kubernetes / "ca.crt"),
         "documents": documents,
-        "ttl_s": DEFAULT_TTL_S,
-        "rotate_s": DEFAULT_ROTATE_S,
+        "ttl_s": settings.get("ttl_s", DEFAULT_TTL_S),
+        "rotate_s": settings.get("rotate_s", DEFAULT_ROTATE_S),
         "directory": str(models_dir(lab)),
     }
     path = Path(lab.state_dir) / PUBLISHER_CONFIG
@@ -186,7 +209,12 @@ def publish(lab: Lab) -> dict[str, Any]:
         "--config", str(config), "--kubeconfig", str(Path(lab.state_dir) / "pki" / PUBLISHER_KUBECONFIG),
         "--once", "--json",
     ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise LabError(
+            "the join-token publisher did not finish a round in 120 s: is the API server up?"
+        ) from None
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise LabError(f"the join-token publisher failed: {last}")
@@ -213,6 +241,21 @@ def instance_files(custom_data: str) -> dict[str, list[str]]:
             "the model's custom data has no join credentials: publish (superkube lab publish) first"
         )
     return files
+
+
+def _require_valid_token(lab: Lab, kubeconfig: str) -> None:
+    """The model's token must still be good: an instance booted with an expired or revoked one
+    would only time out."""
+    token = join.Token.parse(yaml.safe_load(kubeconfig)["users"][0]["user"]["token"])
+    proc = subprocess.run(
+        [*layer.kubectl(lab), "get", "secret", "-n", join.TOKEN_NAMESPACE, f"bootstrap-token-{token.id}", "-o", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    expires = join.expiration(json.loads(proc.stdout)) if proc.returncode == 0 else None
+    if expires is None or (expires - join.now()).total_seconds() < 60:
+        raise LabError(
+            f"the model's join token {token.id} has expired or was revoked: run `superkube lab publish` first"
+        )
 
 
 def _enable_join(root: Path) -> None:
@@ -279,7 +322,7 @@ def scale_out(
     """Boot `count` new instances of the pool from its image and its model's custom data, and wait
     until each is schedulable; each timed from its own boot."""
     image = image_dir(lab, pool)
-    if not (image / "root").is_dir():
+    if image is None:
         raise LabError(f"pool {pool!r} has no baked image: run `superkube lab bake {pool}` first")
     _pool_group(lab, pool)  # a pool the lab has: one clear line, not a KeyError below
     scale_set = lab.pools[pool]["scale_set"]
@@ -289,6 +332,7 @@ def scale_out(
             f"scale set {scale_set} has no model with join credentials: run `superkube lab publish` first"
         )
     files = instance_files(model.read_text())
+    _require_valid_token(lab, files[cloudinit.BOOTSTRAP_KUBECONFIG][0])
     booted = _boot(lab, pool, count, image / "root", files, progress)
     return _until_schedulable(lab, booted, timeout_s, progress)
 
@@ -416,10 +460,13 @@ def scale_in(
         raise LabError(f"pool {pool} has {len(mine)} instances; cannot take {count} away")
     gone = [h.name for h in mine[len(mine) - count :]]
     for name in gone:
-        drain = subprocess.run(
-            [*layer.kubectl(lab), "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s"],
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+        try:
+            drain = subprocess.run(
+                [*layer.kubectl(lab), "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s"],
+                capture_output=True, text=True, timeout=180,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise LabError(f"{name}: drain did not end in 180 s, nothing deleted: run it again") from None
         if drain.returncode != 0 and "not found" not in drain.stderr:
             raise LabError(f"{name}: drain failed, nothing deleted: {drain.stderr.strip().splitlines()[-1:]}")
         progress(f"{name}: drained")
