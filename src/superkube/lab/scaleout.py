@@ -289,11 +289,9 @@ def _next_names(lab: Lab, group: str, count: int) -> list[str]:
 
 def schedulable(node: Mapping[str, Any]) -> bool:
     """Ready, not cordoned, and no taint that keeps every pod off: past preflight, no condition taint."""
-    conditions = (node.get("status") or {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     taints = (node.get("spec") or {}).get("taints") or []
     held = [t for t in taints if t["key"] == PREFLIGHT_TAINT_KEY or t["key"].startswith(NOT_READY_TAINTS)]
-    return ready and not (node.get("spec") or {}).get("unschedulable") and not held
+    return _is_ready(node) and not (node.get("spec") or {}).get("unschedulable") and not held
 
 
 def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
