@@ -48,10 +48,10 @@ from superkube.agents.kubeapi import (
     stamp,
 )
 from superkube.cluster.kube import PREFLIGHT_METRICS_PORT
-from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.spec import PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-preflight"
-RESULT_ANNOTATION = f"{PREFLIGHT_TAINT_KEY}-result"
+RESULT_ANNOTATION = PREFLIGHT_RESULT_ANNOTATION
 
 log = logging.getLogger(COMPONENT)
 

@@ -39,6 +39,8 @@ DISK_SKUS = ("Premium_LRS", "PremiumV2_LRS", "Premium_ZRS", "UltraSSD_LRS")
 """Managed disk SKUs fast enough for etcd's fsync-heavy writes (premium or ultra)."""
 
 PREFLIGHT_TAINT_KEY = "superkube.io/preflight"
+PREFLIGHT_RESULT_ANNOTATION = f"{PREFLIGHT_TAINT_KEY}-result"
+"""The node annotation where preflight records its verdict: `passed <time>` or `failed <time>: <why>`."""
 CLUSTER_LABEL = "superkube.io/cluster"
 """The node label naming a node's cluster."""
 POOL_LABEL = "superkube.io/pool"
