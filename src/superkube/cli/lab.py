@@ -232,6 +232,48 @@ def lab_scale(
         )
 
 
+@lab_app.command("roll")
+def lab_roll(
+    pool: Annotated[str, typer.Argument(help="The node pool to roll onto its newest baked image, e.g. gpu.")],
+    batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Nodes replaced at a time.")] = 2,
+    timeout: Annotated[
+        int, typer.Option("--timeout", min=30, help="Seconds a batch has from its drain to being in service.")
+    ] = 600,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fault",
+            help="NODE=FAULT: that instance comes up from the new image with a GPU fault "
+            "(gpu-missing or xid-79), to see a roll stop. Repeatable.",
+        ),
+    ] = None,
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """Replace a pool's instances from its newest image in health-gated batches; stop on a failed batch."""
+    from superkube.lab import scaleout
+
+    faults: dict[str, str] = {}
+    for item in fault or []:
+        node, sep, kind = item.partition("=")
+        if not sep or not node or not kind:
+            fail(f"--fault {item!r}: give NODE=FAULT, e.g. --fault gpu-3=gpu-missing")
+        faults[node] = kind
+    say = lambda what: err.print(what, highlight=False)  # noqa: E731
+    report = _lab_call(scaleout.roll_pool, _loaded(), pool, batch, timeout, faults, say)
+    if output is Output.json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        for i, b in enumerate(report.batches, 1):
+            out.print(
+                f"batch {i}: {', '.join(b.nodes)}: {b.state}"
+                + (f" in {b.seconds:.0f} s" if b.seconds else "")
+            )
+    if not report.ok:
+        err.print(report.summary(), highlight=False)
+        raise typer.Exit(1)
+    err.print(report.summary(), highlight=False)
+
+
 @lab_app.command("build")
 def lab_build(
     only: Annotated[

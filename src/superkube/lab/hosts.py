@@ -1092,6 +1092,10 @@ def remove_host(lab: Lab, name: str) -> None:
     if console.exists():  # what it printed stays with the lab, for whoever asks why it went
         kept = Path(lab.state_dir) / "removed" / f"{host.name}.console.log"
         kept.parent.mkdir(exist_ok=True)
+        n = 1
+        while kept.exists():  # an instance replaced in place: each of its lives keeps its own log
+            n += 1
+            kept = kept.with_name(f"{host.name}.{n}.console.log")
         shutil.move(str(console), kept)
     shutil.rmtree(_host_dir(lab, host), ignore_errors=True)
     write_imds(lab)

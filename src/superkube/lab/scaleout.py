@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,18 +32,18 @@ from typing import Any
 import yaml
 
 from superkube.agents import join_tokens
-from superkube.cluster import cloudinit, join
+from superkube.cluster import cloudinit, join, roll
 from superkube.cluster.join import DEFAULT_ROTATE_S, DEFAULT_TTL_S
-from superkube.lab import hosts, layer
+from superkube.cluster.roll import is_ready, schedulable
+from superkube.lab import agent_pods, hosts, layer
 from superkube.lab.errors import LabError
 from superkube.lab.hosts import Host, Lab
-from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model import vmsizes
 
 IMAGES = "images"  # under the lab's state folder: <pool>/root and <pool>/containerd
 MODELS = "models"  # the scale sets' models as the publisher writes them (DirectoryModels)
 PUBLISHER_CONFIG = "join-tokens.json"
 PUBLISHER_KUBECONFIG = "join-tokens.kubeconfig"
-NOT_READY_TAINTS = ("node.kubernetes.io/",)  # the kubelet's and node lifecycle's own condition taints
 BAKE_VARS = {"kubelet_write_bootstrap_kubeconfig": False}
 """What a bake changes of a converge: no bootstrap kubeconfig (an image carries no join credential)."""
 GENERALIZED = (
@@ -287,13 +287,6 @@ def _next_names(lab: Lab, group: str, count: int) -> list[str]:
     return names
 
 
-def schedulable(node: Mapping[str, Any]) -> bool:
-    """Ready, not cordoned, and no taint that keeps every pod off: past preflight, no condition taint."""
-    taints = (node.get("spec") or {}).get("taints") or []
-    held = [t for t in taints if t["key"] == PREFLIGHT_TAINT_KEY or t["key"].startswith(NOT_READY_TAINTS)]
-    return _is_ready(node) and not (node.get("spec") or {}).get("unschedulable") and not held
-
-
 def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
     try:
         proc = subprocess.run([*layer.kubectl(lab), "get", "nodes", "-o", "json"], capture_output=True,
@@ -305,11 +298,6 @@ def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
     return {n["metadata"]["name"]: n for n in json.loads(proc.stdout)["items"]}
 
 
-def _is_ready(node: Mapping[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def scale_out(
     lab: Lab,
     pool: str,
@@ -319,6 +307,16 @@ def scale_out(
 ) -> list[Instance]:
     """Boot `count` new instances of the pool from its image and its model's custom data, and wait
     until each is schedulable; each timed from its own boot."""
+    image, files = _from_model(lab, pool)
+    booted = _boot(
+        lab, pool, _next_names(lab, _pool_group(lab, pool), count), image / "root", files, progress
+    )
+    return _until_schedulable(lab, booted, timeout_s, progress)
+
+
+def _from_model(lab: Lab, pool: str) -> tuple[Path, dict[str, list[str]]]:
+    """What the pool's scale set makes an instance from: its newest image and the files of its
+    model's custom data, whose join token must still be good."""
     image = image_dir(lab, pool)
     if image is None:
         raise LabError(f"pool {pool!r} has no baked image: run `superkube lab bake {pool}` first")
@@ -331,28 +329,32 @@ def scale_out(
         )
     files = instance_files(model.read_text())
     _require_valid_token(lab, files[cloudinit.BOOTSTRAP_KUBECONFIG][0])
-    booted = _boot(lab, pool, count, image / "root", files, progress)
-    return _until_schedulable(lab, booted, timeout_s, progress)
+    return image, files
 
 
 def _boot(
     lab: Lab,
     pool: str,
-    count: int,
+    names: Iterable[str],
     image: Path | None,
     files: dict[str, list[str]] | None,
     progress: Callable[[str], None],
+    faults: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
-    """Boot `count` new instances of the pool, as Azure creates them: from `image` (None: the base
-    image) with cloud-init's `files` (None: the plan's) written and its runcmd done (the join path
-    unit enabled); when each booted (this machine's monotonic clock, which the hosts share)."""
+    """Boot new instances of the pool, as Azure creates them: from `image` (None: the base image)
+    with cloud-init's `files` (None: the plan's) written and its runcmd done (the join path unit
+    enabled); when each booted (this machine's monotonic clock, which the hosts share). `faults`:
+    instances whose GPUs read a fault of agent_pods.FAULTS from their first boot (a bad VM)."""
     group = _pool_group(lab, pool)
     booted: dict[str, float] = {}
-    for name in _next_names(lab, group, count):
+    for name in names:
         host = hosts.add_host(lab, name, group, pool, image=str(image) if image else "")
         try:
             root = hosts._prepare_root(lab, host, files=files)
             _enable_join(root)
+            if faults and name in faults:
+                vm = vmsizes.size(lab.pools[pool]["vm_size"], f"pool {pool}")
+                agent_pods.write_reading(root, name, vm.name, vm.gpus, faults[name])
             if image is not None:  # the image's disk: containerd's store, with its images
                 _copy(image.parent / "containerd", hosts._host_dir(lab, host) / "containerd")
             booted[name] = time.monotonic()
@@ -380,7 +382,7 @@ def scale_out_by_converge(
     from superkube.fleet import converge as runner
 
     # the plan's cloud-init files; its runcmd makes the join wait for converge's bootstrap kubeconfig
-    booted = _boot(lab, pool, count, None, None, progress)
+    booted = _boot(lab, pool, _next_names(lab, _pool_group(lab, pool), count), None, None, progress)
     for name in booted:
         hosts.wait_ready(lab, lab.host(name), time.monotonic() + 120)
     progress(f"converging {', '.join(booted)}")
@@ -425,7 +427,7 @@ def _until_schedulable(
             node = seen.get(name)
             if node is None:
                 continue
-            if name not in ready and _is_ready(node):
+            if name not in ready and is_ready(node):
                 ready[name] = at
                 progress(f"{name}: Ready {at - booted[name]:.1f} s after boot")
             if name not in usable and schedulable(node):
@@ -458,23 +460,137 @@ def scale_in(
         raise LabError(f"pool {pool} has {len(mine)} instances; cannot take {count} away")
     gone = [h.name for h in mine[len(mine) - count :]]
     for name in gone:
-        try:
-            drain = subprocess.run(
-                [*layer.kubectl(lab), "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s"],
-                capture_output=True, text=True, timeout=180,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise LabError(f"{name}: drain did not end in 180 s, nothing deleted: run it again") from None
-        if drain.returncode != 0 and "not found" not in drain.stderr:
-            raise LabError(f"{name}: drain failed, nothing deleted: {drain.stderr.strip().splitlines()[-1:]}")
+        _drain(lab, name)
         progress(f"{name}: drained")
-        hosts.remove_host(lab, name)
-        subprocess.run([*layer.kubectl(lab), "delete", "node", name, "--ignore-not-found"], capture_output=True,
-                       text=True, timeout=60, check=False)  # fmt: skip
+        _delete(lab, name)
         progress(f"{name}: instance and Node deleted")
     hosts._write_known_hosts(lab)
     hosts.write_inventory(lab)
     return gone
+
+
+def _drain(lab: Lab, name: str, timeout_s: int = 120) -> None:
+    """Cordon the node and evict its pods (PodDisruptionBudgets respected); LabError when it cannot."""
+    try:
+        drain = subprocess.run(
+            [*layer.kubectl(lab), "drain", name, "--ignore-daemonsets", "--delete-emptydir-data", f"--timeout={timeout_s}s"],
+            capture_output=True, text=True, timeout=timeout_s + 60,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise LabError(
+            f"{name}: drain did not end in {timeout_s + 60} s, nothing deleted: run it again"
+        ) from None
+    if drain.returncode != 0 and "not found" not in drain.stderr:
+        last = (drain.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"{name}: drain failed, nothing deleted: {last}")
+
+
+def _delete(lab: Lab, name: str) -> None:
+    """Delete the instance, then its Node (a kubelet of the same name registers it anew)."""
+    hosts.remove_host(lab, name)
+    subprocess.run([*layer.kubectl(lab), "delete", "node", name, "--ignore-not-found"], capture_output=True,
+                   text=True, timeout=60, check=False)  # fmt: skip
+
+
+def image_version(host: Host) -> str:
+    """The image version a lab instance booted from (`base`: the base image, joined by converge)."""
+    return Path(host.image).parent.name if host.image else "base"
+
+
+class LabPool:
+    """A lab pool as a roll sees it (superkube.cluster.roll): its instances, drained through the real
+    API server and replaced in place, as a scale set reimages an instance: the same name, booted
+    from the new image with the model's custom data, joining with its token."""
+
+    def __init__(
+        self,
+        lab: Lab,
+        pool: str,
+        faults: Mapping[str, str] | None = None,
+        progress: Callable[[str], None] = lambda what: None,
+    ) -> None:
+        self.lab, self.name, self.group = lab, pool, _pool_group(lab, pool)
+        self.faults = dict(faults or {})
+        self.progress = progress
+
+    def members(self) -> list[roll.Member]:
+        return [
+            roll.Member(h.name, image_version(h))
+            for h in self.lab.hosts
+            if h.pool == self.name and h.group == self.group
+        ]
+
+    def nodes(self) -> Mapping[str, Mapping[str, Any]]:
+        return _nodes(self.lab)
+
+    def drain(self, name: str) -> None:
+        try:
+            _drain(self.lab, name)
+        except LabError as exc:
+            raise roll.RollError(str(exc)) from None
+
+    def cordon(self, name: str) -> None:
+        self._kubectl("cordon", name)
+
+    def uncordon(self, name: str) -> None:
+        self._kubectl("uncordon", name)
+
+    def _kubectl(self, verb: str, name: str) -> None:
+        try:
+            proc = subprocess.run(
+                [*layer.kubectl(self.lab), verb, name], capture_output=True, text=True, timeout=60
+            )
+        except subprocess.TimeoutExpired:
+            raise roll.RollError(f"{name}: kubectl {verb} did not answer in 60 s") from None
+        # an instance whose node never registered has nothing to cordon: it is replaced all the same
+        if proc.returncode != 0 and "not found" not in proc.stderr:
+            raise roll.RollError(
+                f"{name}: kubectl {verb}: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}"
+            )
+
+    def replace(self, names: Sequence[str], version: str) -> None:
+        try:
+            image, files = _from_model(self.lab, self.name)
+            if image.name != version:
+                raise LabError(f"the pool's newest image is version {image.name}, not {version}")
+            for name in names:
+                _delete(self.lab, name)
+                self.progress(f"{name}: instance and Node deleted")
+            faults = {n: f for n, f in self.faults.items() if n in names}
+            self.faults = {n: f for n, f in self.faults.items() if n not in names}  # a bad VM, once
+            _boot(self.lab, self.name, names, image / "root", files, self.progress, faults)
+        except LabError as exc:
+            raise roll.RollError(str(exc)) from None
+
+
+def roll_pool(
+    lab: Lab,
+    pool: str,
+    size: int,
+    timeout_s: float = 600,
+    faults: Mapping[str, str] | None = None,
+    progress: Callable[[str], None] = lambda what: None,
+) -> roll.RollReport:
+    """Roll the pool onto its newest baked image in batches of `size` (superkube.cluster.roll).
+    `faults` (the lab's only): instances that come up from the new image with a GPU fault."""
+    image = image_dir(lab, pool)
+    if image is None:
+        raise LabError(f"pool {pool!r} has no baked image: run `superkube lab bake {pool}` first")
+    lab_pool = LabPool(lab, pool, faults, progress)
+    unknown = sorted(set(faults or {}) - {m.name for m in lab_pool.members()})
+    if unknown:
+        raise LabError(f"--fault names {', '.join(unknown)}, not instances of pool {pool}")
+    bad = sorted(set((faults or {}).values()) - set(agent_pods.FAULTS))
+    if bad:
+        raise LabError(f"--fault {', '.join(bad)}: one of {', '.join(agent_pods.FAULTS)}")
+    _from_model(lab, pool)  # a model with a good token before the first drain, not after it
+    try:
+        return roll.roll(lab_pool, image.name, size, timeout_s, progress)
+    except roll.RollError as exc:
+        raise LabError(str(exc)) from None
+    finally:
+        hosts._write_known_hosts(lab)
+        hosts.write_inventory(lab)
 
 
 def logins(lab: Lab, host: Host) -> list[str]:
