@@ -442,3 +442,19 @@ def test_a_missing_documents_configmap_is_one_line(api: LocalApi, tmp_path: Path
     )  # fmt: skip
     with pytest.raises(gov.ServiceError, match=r"ConfigMap default/none-such is missing: `pulumi up`"):
         jt.Publisher(settings, kube, jt.DirectoryModels(tmp_path / "models")).once()
+
+
+def test_the_role_ships_these_modules_and_names_what_the_rest_of_superkube_names() -> None:
+    from superkube.lab import scaleout
+    from tests.conftest import ROOT
+
+    defaults = yaml.safe_load((ROOT / "playbooks/roles/join_tokens/defaults/main.yml").read_text())
+    assert {
+        f"superkube.{m.removesuffix('.py').replace('/', '.')}" for m in defaults["join_tokens_modules"]
+    } == set(SHIPPED)
+    assert defaults["join_tokens_documents_from"] == f"{join.PUBLISHER_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}"
+    assert f"'{scaleout.PUBLISHED_MODELS}'" in defaults["join_tokens_directory"]  # the lab reads it there
+    assert f"default('{join.PUBLISHER}')" in defaults["join_tokens_user"]
+    # each round is renewed well inside the lease, and the settings it writes pass the publisher's checks
+    assert defaults["join_tokens_lease_s"] >= 2 * defaults["join_tokens_interval_s"]
+    join.check_lifetime(join.DEFAULT_TTL_S, join.DEFAULT_ROTATE_S, defaults["join_tokens_interval_s"])
