@@ -296,6 +296,7 @@ class Cluster(pulumi.ComponentResource):
                     cluster=cluster,
                     kubeconfig=args.kubeconfig,
                     team_webhook_tls=args.team_webhook_tls,
+                    node_documents={k: v for pool in self.pools for k, v in pool.documents.items()},
                 ),
                 opts=child(self),
             )

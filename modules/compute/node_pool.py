@@ -118,18 +118,20 @@ class NodePool(pulumi.ComponentResource):
         pool = args.pool
         labels = cloudinit.node_labels(args.cluster, pool.name, pool.role, pool.labels)
         taints = cloudinit.node_taints(pool.role, pool.taints, args.team)
-        custom_data = cloudinit.encode(
-            cloudinit.render(
-                cluster=args.cluster,
-                pool=pool.name,
-                role=pool.role,
-                apiserver_endpoint=args.apiserver_endpoint,
-                kubernetes_version=args.kubernetes_version,
-                join_jitter_seconds=args.join_jitter_seconds,
-                labels=labels,
-                taints=taints,
-            )
+        document = cloudinit.render(
+            cluster=args.cluster,
+            pool=pool.name,
+            role=pool.role,
+            apiserver_endpoint=args.apiserver_endpoint,
+            kubernetes_version=args.kubernetes_version,
+            join_jitter_seconds=args.join_jitter_seconds,
+            labels=labels,
+            taints=taints,
         )
+        custom_data = cloudinit.encode(document)
+        self.documents = {plan.name: document for plan in args.scale_sets}
+        """Each scale set's #cloud-config document, without credentials (the join-token publisher adds
+        them, superkube.agents.join_tokens, from the in-cluster layer's copy of these)."""
         self.scale_sets: list[compute.VirtualMachineScaleSet] = []
         for plan in args.scale_sets:
             subnet = compute.ApiEntityReferenceArgs(id=args.subnet_ids[plan.subnet])

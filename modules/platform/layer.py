@@ -8,7 +8,7 @@ gang scheduling, team capacity, monitoring) are one more component each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -19,6 +19,7 @@ from modules.platform.balloons import Balloons, BalloonsArgs
 from modules.platform.flowcontrol import NodeJoinFlow, NodeJoinFlowArgs
 from modules.platform.foundation import Foundation, FoundationArgs
 from modules.platform.gang import GangScheduling, GangSchedulingArgs
+from modules.platform.join_tokens import JoinTokens, JoinTokensArgs
 from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.serving_certs import ServingCerts, ServingCertsArgs
@@ -38,6 +39,8 @@ class InClusterLayerArgs:
     """Admin kubeconfig of the cluster (the secret `kubernetes:kubeconfig`)."""
     team_webhook_tls: pulumi.Input[str] | None = None
     """The team webhook's PEM bundle: certificate, key, CA (required when spec.teams is not empty)."""
+    node_documents: dict[str, str] = field(default_factory=dict)
+    """Node scale set -> its #cloud-config document (for the join-token publisher; empty: none)."""
 
     def __post_init__(self) -> None:
         require(
@@ -96,6 +99,11 @@ class InClusterLayer(pulumi.ComponentResource):
             f"{name}-monitoring-access", MonitoringAccessArgs(), opts=after
         )
         self.serving_certs = ServingCerts(f"{name}-serving-certs", ServingCertsArgs(), opts=after)
+        self.join_tokens = None
+        if args.node_documents:
+            self.join_tokens = JoinTokens(
+                f"{name}-join-tokens", JoinTokensArgs(documents=args.node_documents), opts=after
+            )
         self.gang = GangScheduling(
             f"{name}-gang", GangSchedulingArgs(kubernetes_version=spec.kubernetes_version), opts=after
         )
@@ -114,7 +122,7 @@ class InClusterLayer(pulumi.ComponentResource):
             "monitoring-access",
             "serving-certs",
         ]
-        components += ["gang"]
+        components += ["gang"] + (["join-tokens"] if self.join_tokens else [])
         components += (["autoscaler"] if self.autoscaler else []) + (
             ["team-capacity"] if self.team_capacity else []
         )

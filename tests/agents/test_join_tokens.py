@@ -7,6 +7,7 @@ governor's tests, which checks the identity's token on every write."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import stat
@@ -22,12 +23,14 @@ from typing import Any
 import pytest
 import yaml
 
+from modules.platform import join_tokens as join_tokens_layer
 from superkube.agents import join_tokens as jt
 from superkube.agents import scale_governor as gov
 from superkube.cluster import cloudinit, join
+from superkube.cluster.kube import SYSTEM_NAMESPACE
 from superkube.lab import apiserver
 from superkube.lab.apiserver import LocalApi
-from tests.agents.conftest import unique
+from tests.agents.conftest import apply, unique
 from tests.agents.test_scale_governor_service import CLIENT_ID, SCOPE, VMSS, FakeAzure, _Handler
 
 
@@ -257,6 +260,12 @@ def write(path: Path, **fields: Any) -> Path:
         ({"directory": ""}, "give `directory`, or the resource group's ID"),
         ({"documents": {"vmss": "not cloud-config"}}, "documents must map each scale set"),
         ({"surprise": 1}, "want a JSON object with"),
+        (
+            {"documents_from": "superkube-system/superkube-node-documents"},
+            "give `documents` or `documents_from`",
+        ),
+        ({"documents": None, "documents_from": "no-slash"}, "give <namespace>/<ConfigMap>"),
+        ({"lease_s": 60}, "lease_s 60 must be 0 (no lease) or at least two rounds"),
     ],
 )
 def test_bad_settings_are_one_line_and_exit_2(tmp_path: Path, change: dict[str, Any], says: str) -> None:
@@ -270,3 +279,182 @@ def test_bad_settings_are_one_line_and_exit_2(tmp_path: Path, change: dict[str, 
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert says in line and line.startswith("superkube-join-tokens: ")
+
+
+SHIPPED = {
+    "superkube.agents.join_tokens": jt,
+    "superkube.agents.scale_governor": gov,
+    "superkube.cluster.join": join,
+}
+"""What the join_tokens role copies to the API-server hosts (with empty package files above them)."""
+
+
+def ship(folder: Path) -> Path:
+    """The three modules laid out as the role lays them out, with empty package files."""
+    for name, module in SHIPPED.items():
+        target = folder / Path(*name.split(".")).with_suffix(".py")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(Path(str(module.__file__)).read_text())
+        for parent in target.relative_to(folder).parents:
+            if parent != Path("."):
+                (folder / parent / "__init__.py").touch()
+    return folder
+
+
+def test_the_publisher_ships_as_three_modules_on_python3_and_pyyaml() -> None:
+    for name, module in SHIPPED.items():
+        tree = ast.parse(Path(str(module.__file__)).read_text())
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], name
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                whole = {f"{n.module}.{a.name}" for a in n.names} & set(SHIPPED)
+                imported |= whole or {n.module}
+        outside = {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names}
+        assert outside <= {"yaml", *SHIPPED}, (name, outside - {"yaml", *SHIPPED})
+    # the names the hosts' copy must agree on with the rest of superkube
+    assert join.BOOTSTRAP_KUBECONFIG == cloudinit.BOOTSTRAP_KUBECONFIG
+    assert join.PUBLISHER_NAMESPACE == SYSTEM_NAMESPACE
+
+
+def test_a_copy_of_the_three_modules_runs_a_round_alone(api: LocalApi, tmp_path: Path) -> None:
+    """Run from the role's layout, the round loads no other module of superkube and nothing outside
+    the standard library but PyYAML."""
+    folder = ship(tmp_path / "lib")
+    settings = write(tmp_path / "settings.json", cluster=unique("c"), server=api.url,
+                     ca_file=str(api.dir / "pki" / "ca.crt"), documents={"vmss-gpu-0": document("gpu")},
+                     directory=str(tmp_path / "models"))  # fmt: skip
+    kubeconfig = api.client_kubeconfig("copy", "copy", ["system:masters"])
+    launcher = (
+        "import json, runpy, sys\n"
+        "before = set(sys.modules)\n"
+        f"sys.path.insert(0, {str(folder)!r})\n"
+        f"sys.argv = ['join_tokens', '--config', {str(settings)!r}, '--kubeconfig', {str(kubeconfig)!r}, '--once', '--json']\n"
+        "try:\n    runpy.run_module('superkube.agents.join_tokens', run_name='__main__')\n"
+        "except SystemExit as done:\n    code = done.code\n"
+        "mine = {m: getattr(sys.modules[m], '__file__', None) for m in sys.modules if m.startswith('superkube')}\n"
+        "others = sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {'superkube'})\n"
+        "print(json.dumps({'code': code, 'mine': mine, 'others': others}), file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", launcher], capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert report["code"] in (0, None), proc.stderr
+    assert json.loads(proc.stdout)["written"] == ["vmss-gpu-0"]
+    assert all(f is None or f.startswith(str(folder)) for f in report["mine"].values()), report["mine"]
+    # (the publisher itself ran as __main__)
+    assert set(report["mine"]) == {*SHIPPED, "superkube", "superkube.agents", "superkube.cluster"} - {
+        jt.__name__
+    }
+    # PyYAML, and its C extension's Cython runtime
+    assert {m for m in report["others"] if "cython" not in m} <= {"yaml", "_yaml"}, report["others"]
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def test_one_host_holds_the_lease_and_another_takes_over_once_it_goes_unrenewed(api: LocalApi) -> None:
+    namespace = unique("lease")
+    apiserver.kubectl(api, "create", "namespace", namespace)
+    kube = gov.KubeReader(api.client_kubeconfig("lease", "lease", ["system:masters"]))
+    clock = Ticks()
+    one, two = (jt.Lease(kube, namespace, host, 30, clock=clock) for host in ("apiservers-1", "apiservers-2"))
+    assert one.hold() and not two.hold()
+    clock.at += 20
+    assert one.hold()  # renewed: the second sees a new record and counts again
+    assert not two.hold()
+    clock.at += 29
+    assert not two.hold()  # 29 s of the same record: not yet
+    clock.at += 2
+    assert two.hold() and not one.hold()  # the first stopped renewing 31 s ago
+    lease = json.loads(apiserver.kubectl(api, "get", "lease", "-n", namespace, join.PUBLISHER, "-o", "json"))
+    assert lease["spec"]["holderIdentity"] == "apiservers-2" and lease["spec"]["leaseTransitions"] == 1
+
+
+def test_a_takeover_from_a_stale_read_loses_to_the_holders_renewal(api: LocalApi) -> None:
+    namespace = unique("lease")
+    apiserver.kubectl(api, "create", "namespace", namespace)
+    kube = gov.KubeReader(api.client_kubeconfig("stale", "stale", ["system:masters"]))
+    clock = Ticks()
+    one = jt.Lease(kube, namespace, "apiservers-1", 30, clock=clock)
+    two = jt.Lease(kube, namespace, "apiservers-2", 30, clock=clock)
+    assert one.hold() and not two.hold()
+    stale = kube.get(one.path)
+    clock.at += 31
+    assert one.hold()  # the holder renews between the candidate's read and its write
+    real = two.kube.get
+    two.kube = type(
+        "Stale", (), {"get": lambda self, path: stale, "replace": kube.replace, "create": kube.create}
+    )()
+    assert not two.hold()  # its write carries the resourceVersion it read: 409, and it does not hold
+    two.kube.get = real  # type: ignore[method-assign]
+    lease = json.loads(apiserver.kubectl(api, "get", "lease", "-n", namespace, join.PUBLISHER, "-o", "json"))
+    assert lease["spec"]["holderIdentity"] == "apiservers-1"
+
+
+def test_with_the_layers_rights_alone_it_reads_the_plans_documents_and_writes_each_change(
+    api: LocalApi, tmp_path: Path
+) -> None:
+    """As its own user, with only the in-cluster layer's Roles: it issues tokens, reads the documents
+    ConfigMap and holds its lease, and may not touch another namespace's Secrets or another object."""
+    apiserver.kubectl(api, "create", "namespace", SYSTEM_NAMESPACE, check=False)
+    documents = {"vmss-gpu-0": document("gpu"), "vmss-cpu-0": document("cpu")}
+    apply(api, *join_tokens_layer.manifests(join_tokens_layer.JoinTokensArgs(documents=documents)))
+    user = gov.KubeReader(api.client_kubeconfig("publisher-user", join.PUBLISHER))
+    settings = jt.PublisherConfig(
+        cluster=unique("c"), server=api.url, ca_file=str(api.dir / "pki" / "ca.crt"),
+        documents_from=f"{SYSTEM_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}", directory=str(tmp_path / "models"),
+    )  # fmt: skip
+    publisher = jt.Publisher(settings, user, jt.DirectoryModels(tmp_path / "models"))
+    first = publisher.once()
+    assert first.issued and set(first.written) == set(documents)
+    assert jt.Lease(user, SYSTEM_NAMESPACE, "apiservers-1", 120).hold()
+    # a change to the plan's document (pulumi up updates the ConfigMap) is written with the same token
+    changed = document("cpu").replace("300", "240")
+    apiserver.kubectl(api, "patch", "configmap", "-n", SYSTEM_NAMESPACE, join.DOCUMENTS_CONFIGMAP, "--type=merge",
+                      "-p", json.dumps({"data": {"vmss-cpu-0": changed}}))  # fmt: skip
+    again = publisher.once()
+    assert (again.token, again.written) == (first.token, ("vmss-cpu-0",))
+    model = cloudinit.decode((tmp_path / "models" / f"vmss-cpu-0{jt.CUSTOM_DATA_SUFFIX}").read_text())
+    assert model["runcmd"] == yaml.safe_load(changed)["runcmd"] and join.joining_file(model) is not None
+    # nothing else: a Secret elsewhere, another ConfigMap, another Lease
+    for path, body in (
+        ("/api/v1/namespaces/default/secrets", join.token_secret(join.new_token(), join.now(), "x")),
+        (f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/configmaps", {"metadata": {"name": unique("cm")}}),
+    ):
+        with pytest.raises(gov.ServiceError, match="HTTP 403"):
+            user.create(path, body)
+    with pytest.raises(gov.ServiceError, match="HTTP 403"):
+        user.get(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/another")
+    with pytest.raises(gov.ServiceError, match="HTTP 403"):
+        user.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/configmaps/another")
+
+
+def test_a_missing_documents_configmap_is_one_line(api: LocalApi, tmp_path: Path) -> None:
+    kube = gov.KubeReader(api.client_kubeconfig("nodocs", "nodocs", ["system:masters"]))
+    settings = jt.PublisherConfig(
+        cluster=unique("c"), server=api.url, ca_file=str(api.dir / "pki" / "ca.crt"),
+        documents_from="default/none-such", directory=str(tmp_path / "models"),
+    )  # fmt: skip
+    with pytest.raises(gov.ServiceError, match=r"ConfigMap default/none-such is missing: `pulumi up`"):
+        jt.Publisher(settings, kube, jt.DirectoryModels(tmp_path / "models")).once()
+
+
+def test_the_role_ships_these_modules_and_names_what_the_rest_of_superkube_names() -> None:
+    from superkube.lab import scaleout
+    from tests.conftest import ROOT
+
+    defaults = yaml.safe_load((ROOT / "playbooks/roles/join_tokens/defaults/main.yml").read_text())
+    assert {
+        f"superkube.{m.removesuffix('.py').replace('/', '.')}" for m in defaults["join_tokens_modules"]
+    } == set(SHIPPED)
+    assert defaults["join_tokens_documents_from"] == f"{join.PUBLISHER_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}"
+    assert f"'{scaleout.PUBLISHED_MODELS}'" in defaults["join_tokens_directory"]  # the lab reads it there
+    assert f"default('{join.PUBLISHER}')" in defaults["join_tokens_user"]
+    # each round is renewed well inside the lease, and the settings it writes pass the publisher's checks
+    assert defaults["join_tokens_lease_s"] >= 2 * defaults["join_tokens_interval_s"]
+    join.check_lifetime(join.DEFAULT_TTL_S, join.DEFAULT_ROTATE_S, defaults["join_tokens_interval_s"])

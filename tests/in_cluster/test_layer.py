@@ -56,6 +56,7 @@ def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
         "monitoring-access",
         "serving-certs",
         "gang-scheduling",
+        "join-tokens",
         "team-capacity",
     }
     assert layer.problems(any_plan, any_plan.spec.kubernetes_version) == []

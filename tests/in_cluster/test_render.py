@@ -27,11 +27,12 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
         "01-autoscaler.yaml",
         "02-balloons.yaml",
         "03-gang-scheduling.yaml",
-        "04-monitoring-access.yaml",
-        "05-node-health.yaml",
-        "06-node-join-flow.yaml",
-        "07-serving-certs.yaml",
-        "08-team-capacity.yaml",
+        "04-join-tokens.yaml",
+        "05-monitoring-access.yaml",
+        "06-node-health.yaml",
+        "07-node-join-flow.yaml",
+        "08-serving-certs.yaml",
+        "09-team-capacity.yaml",
     ]
     for path in out.iterdir():
         docs = list(yaml.safe_load_all(path.read_text()))
@@ -44,7 +45,7 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
 def test_render_to_stdout_names_each_component() -> None:
     result = CliRunner().invoke(app, ["render"])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("# component: ") == 9
+    assert result.stdout.count("# component: ") == 10
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
     assert {"Deployment", "DaemonSet", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
 

@@ -3,8 +3,10 @@
 - the GPU pool's image is baked by converging a builder host with the node roles; it carries the
   node software and the imported images, and none of the builder's own state, no join credential
   (kube-proxy's client certificate is still in it: the README says so);
-- the join-token publisher issues a short-lived token in the real API server and writes the pool's
-  model (the plan's custom data plus the bootstrap kubeconfig);
+- the join-token publisher, a service converge installed on the API-server hosts (the join_tokens
+  role), issues a short-lived token in the real API server from the one host that holds its lease,
+  and writes the pool's model: the plan's custom data, from the in-cluster layer's ConfigMap, plus the
+  bootstrap kubeconfig. Nothing runs it by hand;
 - four instances boot from the image with that custom data alone, back to back: each one's kubelet joins
   by that token (its CSR says so), registers as the plan says, passes preflight and is schedulable,
   and no SSH login ever reached any of them;
@@ -25,14 +27,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from superkube.agents import join_tokens
 from superkube.cli import app
 from superkube.cluster import cloudinit, join
 from superkube.lab import hosts as lab
 from superkube.lab import nodes, scaleout
 from superkube.model import teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from tests.lab.conftest import Labs, get, kubectl
+from tests.lab.conftest import Labs, get, kubectl, sh
+from tests.lab.test_running_the_agents import wait_for
 
 JOINED = ("gpu-1", "cpu-1")
 NEW = 4
@@ -49,9 +51,29 @@ def baked(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
     assert applied.exit_code == 0, applied.output
     nodes.join(control_plane, JOINED)
     pool = gpu_pool(control_plane)
-    published = scaleout.publish(control_plane)
     image = scaleout.bake(control_plane, pool)
-    return {"pool": pool, "published": published, "image": image}
+    return {"pool": pool, "published": from_the_api_servers(control_plane, pool), "image": image}
+
+
+def from_the_api_servers(fleet: lab.Lab, pool: str) -> dict[str, Any]:
+    """The pool's model as the publisher on the API-server hosts wrote it (a round a minute, once
+    `lab apply` made the documents' ConfigMap), and the host that holds the publisher's lease."""
+    scale_set = fleet.pools[pool]["scale_set"]
+    path = wait_for(
+        f"{scale_set}'s model from an API-server host",
+        lambda: (lambda p: p if p is not None and "/hosts/apiservers-" in str(p) else None)(
+            scaleout.model_path(fleet, scale_set)
+        ),
+        timeout=240,
+    )
+    kubeconfig = yaml.safe_load(join.joining_file(cloudinit.decode(path.read_text()))["content"])  # type: ignore[index]
+    lease = get(fleet, "lease", "-n", join.PUBLISHER_NAMESPACE, join.PUBLISHER)
+    return {
+        "path": path,
+        "scale_set": scale_set,
+        "token_id": join.Token.parse(kubeconfig["users"][0]["user"]["token"]).id,
+        "holder": lease["spec"]["holderIdentity"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -84,25 +106,38 @@ def test_the_baked_image_holds_the_node_software_and_nothing_of_the_builder(
     assert all(h.name != f"builder-{baked['pool']}" for h in control_plane.hosts)  # the builder is gone
 
 
-def test_the_publisher_wrote_an_expiring_token_into_the_pools_model(
+def test_the_publisher_on_the_api_servers_wrote_an_expiring_token_into_the_pools_model(
     control_plane: lab.Lab, baked: dict[str, Any]
 ) -> None:
-    scale_set = control_plane.pools[baked["pool"]]["scale_set"]
-    assert scale_set in baked["published"]["written"]
-    model = join_tokens.DirectoryModels(scaleout.models_dir(control_plane)).path(scale_set)
-    assert oct(os.stat(model).st_mode & 0o777) == "0o600"
-    doc = cloudinit.decode(model.read_text())
-    kubeconfig = yaml.safe_load(join.joining_file(doc)["content"])  # type: ignore[index]
-    assert join.Token.parse(kubeconfig["users"][0]["user"]["token"]).id == baked["published"]["token_id"]
+    published = baked["published"]
+    apiservers = [h.name for h in control_plane.hosts if h.group == "apiservers"]
+    assert published["holder"] in apiservers
+    # the lease holder wrote it, into its own folder; no other host did
+    assert f"/hosts/{published['holder']}/root/" in str(published["path"])
+    for other in set(apiservers) - {published["holder"]}:
+        assert not list(
+            (lab._host_dir(control_plane, control_plane.host(other)) / "root").glob(
+                scaleout.PUBLISHED_MODELS.lstrip("/") + "/*"
+            )
+        ), other
+    assert oct(os.stat(published["path"]).st_mode & 0o777) == "0o600"
+    doc = cloudinit.decode(published["path"].read_text())
+    # the plan's document, as the in-cluster layer's ConfigMap holds it, plus the one file
+    planned = get(control_plane, "configmap", "-n", join.PUBLISHER_NAMESPACE, join.DOCUMENTS_CONFIGMAP)
+    plan = yaml.safe_load(planned["data"][published["scale_set"]])
+    assert doc["runcmd"] == plan["runcmd"] and doc["write_files"][:-1] == plan["write_files"]
     secret = get(
         control_plane,
         "secret",
         "-n",
         join.TOKEN_NAMESPACE,
-        f"bootstrap-token-{baked['published']['token_id']}",
+        f"bootstrap-token-{published['token_id']}",
     )
     left = (join.expiration(secret) - join.now()).total_seconds()  # type: ignore[operator]
     assert 0 < left <= join.DEFAULT_TTL_S
+    # the service the role runs
+    unit = sh(control_plane, published["holder"], "systemctl is-active superkube-join-tokens.service")
+    assert unit.strip() == "active"
 
 
 def test_new_instances_join_from_the_image_and_their_custom_data_alone(

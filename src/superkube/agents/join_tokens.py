@@ -12,20 +12,31 @@ Each round:
    (`DirectoryModels`: the lab, whose fabric boots instances from it). A scale set already given
    this token is not written again; the first refusal ends the round, and the next round retries.
 
+On the API-server hosts (the join_tokens role) every host runs it and one acts: the holder of the
+Lease `superkube-join-tokens` in superkube's namespace, which it renews each round; another host
+takes over once the lease has gone unrenewed for its duration. The documents come from the
+ConfigMap `superkube-node-documents` there, which `pulumi up` keeps as the plan says, so a change to
+the plan's custom data reaches the models without a converge.
+
 Old tokens are never deleted here: each expires by itself (the API server refuses it, the
 controller-manager's tokencleaner deletes its Secret), so an instance created from the previous
 model still joins within its token's life. To revoke a token at once, delete its Secret: the next
 round finds no valid token, issues a new one and writes every model again.
 
     python -m superkube.agents.join_tokens --config FILE --kubeconfig FILE [--once]
+
+It ships to the hosts as three modules (this one, superkube.agents.scale_governor and
+superkube.cluster.join) that import only the standard library and PyYAML.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 import urllib.parse
@@ -37,7 +48,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from superkube.agents.scale_governor import ARM, IMDS_TOKEN, AzureTags, KubeReader, ServiceError, _read_json
-from superkube.cluster import cloudinit, join
+from superkube.cluster import join
 
 log = logging.getLogger("superkube.join_tokens")
 
@@ -99,14 +110,20 @@ class PublisherConfig:
     """The API servers' URL as a new node reaches it (the internal load balancer)."""
     ca_file: str
     """The cluster CA's certificate (PEM) on this host."""
-    documents: dict[str, str]
-    """Scale set name -> the plan's #cloud-config document for it (without credentials)."""
+    documents: dict[str, str] | None = None
+    """Scale set name -> the plan's #cloud-config document for it (without credentials); None: read
+    them each round from `documents_from`."""
+    documents_from: str = ""
+    """`<namespace>/<name>` of the ConfigMap holding the documents (the in-cluster layer's)."""
     ttl_s: float = join.DEFAULT_TTL_S
     rotate_s: float = join.DEFAULT_ROTATE_S
     interval_s: float = 60.0
     refresh_s: float = 600.0
     """Write every model again this often even with no new token: a `pulumi up` that updates a scale
     set for another reason sends the plan's document (without the token) along with it."""
+    lease_s: float = 0.0
+    """Hold the publisher's Lease for this long (renewed each round; 0: no lease, this one acts).
+    Another host takes over a lease left unrenewed this long."""
     group: str = join.JOIN_GROUP
     directory: str = ""
     """Write models as files here (the lab) instead of through Azure Resource Manager."""
@@ -124,7 +141,7 @@ class PublisherConfig:
         except (OSError, ValueError) as exc:
             raise ServiceError(f"{path}: cannot read it as JSON: {exc}") from None
         fields = set(cls.__dataclass_fields__)
-        needed = {"cluster", "server", "ca_file", "documents"}
+        needed = {"cluster", "server", "ca_file"}
         if not isinstance(data, dict) or not needed <= data.keys() <= fields:
             raise ServiceError(
                 f"{path}: want a JSON object with {sorted(needed)} and at most {sorted(fields)}"
@@ -136,21 +153,98 @@ class PublisherConfig:
                 raise ValueError(
                     f"refresh_s {config.refresh_s} must be at least interval_s {config.interval_s}"
                 )
+            if config.lease_s and float(config.lease_s) < 2 * float(config.interval_s):
+                raise ValueError(
+                    f"lease_s {config.lease_s} must be 0 (no lease) or at least two rounds "
+                    f"({2 * float(config.interval_s):.0f} s): a holder renews it once a round"
+                )
         except (TypeError, ValueError) as exc:
             raise ServiceError(f"{path}: {exc}") from None
-        if (
-            not isinstance(config.documents, dict)
-            or not config.documents
-            or not all(
-                isinstance(d, str) and d.startswith("#cloud-config\n") for d in config.documents.values()
+        if (config.documents is None) == (not config.documents_from):
+            raise ServiceError(
+                f"{path}: give `documents` or `documents_from` (<namespace>/<ConfigMap>), one of them"
             )
-        ):
-            raise ServiceError(f"{path}: documents must map each scale set to its #cloud-config document")
+        if config.documents is not None:
+            check_documents(config.documents, str(path))
+        elif config.documents_from.count("/") != 1:
+            raise ServiceError(
+                f"{path}: documents_from {config.documents_from!r}: give <namespace>/<ConfigMap>"
+            )
         if not config.directory and not (config.scope.startswith("/subscriptions/") and config.client_id):
             raise ServiceError(
                 f"{path}: give `directory`, or the resource group's ID as `scope` and the identity's `client_id`"
             )
         return config
+
+
+def check_documents(documents: object, where: str) -> dict[str, str]:
+    """`documents` as a publisher takes them: each scale set's #cloud-config document."""
+    if (
+        not isinstance(documents, dict)
+        or not documents
+        or not all(isinstance(d, str) and d.startswith("#cloud-config\n") for d in documents.values())
+    ):
+        raise ServiceError(f"{where}: documents must map each scale set to its #cloud-config document")
+    return documents
+
+
+class Lease:
+    """One publisher per cluster: a coordination.k8s.io/v1 Lease held by the host whose round renews
+    it. A candidate takes it over once it has seen the same record, unrenewed, for the lease's
+    duration by its own clock (clocks need not agree); every write carries the resourceVersion it
+    read, so two candidates cannot both win."""
+
+    def __init__(
+        self,
+        kube: KubeReader,
+        namespace: str,
+        identity: str,
+        duration_s: float,
+        name: str = join.PUBLISHER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube, self.identity, self.duration_s, self.clock = kube, identity, duration_s, clock
+        self.collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.path = f"{self.collection}/{name}"
+        self.name, self.namespace = name, namespace
+        self._seen: tuple[Any, Any] | None = None
+        self._seen_at = 0.0
+
+    def _spec(self, held: Mapping[str, Any], taking: bool) -> dict[str, Any]:
+        at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {**held, "holderIdentity": self.identity, "leaseDurationSeconds": int(self.duration_s),
+                "renewTime": at}  # fmt: skip
+        if taking:
+            spec["acquireTime"] = at
+            spec["leaseTransitions"] = int(held.get("leaseTransitions") or 0) + (1 if held else 0)
+        return spec
+
+    def hold(self) -> bool:
+        """Take or renew the lease; whether this host holds it now."""
+        lease = self.kube.get(self.path)
+        try:
+            if lease is None:
+                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                        "metadata": {"name": self.name, "namespace": self.namespace},
+                        "spec": self._spec({}, taking=True)}  # fmt: skip
+                self.kube.create(self.collection, body)
+                return True
+            held = lease.get("spec") or {}
+            holder = held.get("holderIdentity")
+            if holder and holder != self.identity:
+                record = (holder, held.get("renewTime"))
+                if record != self._seen:
+                    self._seen, self._seen_at = record, self.clock()
+                    return False
+                if self.clock() - self._seen_at < self.duration_s:
+                    return False
+            lease["spec"] = self._spec(held, taking=holder != self.identity)
+            self.kube.replace(self.path, lease)
+            return True
+        except ServiceError as exc:
+            if "HTTP 409" in str(exc):  # another host wrote first: it holds the lease
+                return False
+            raise
 
 
 @dataclass(frozen=True)
@@ -171,7 +265,8 @@ class Publisher:
     ) -> None:
         self.config, self.kube, self.models, self.clock = config, kube, models, clock
         self.ca_pem = Path(config.ca_file).read_text()
-        self.given: dict[str, tuple[str, datetime]] = {}  # scale set -> (its model's token id, written at)
+        # scale set -> ((its model's token id, its document's digest), written at)
+        self.given: dict[str, tuple[tuple[str, str], datetime]] = {}
 
     def current(self) -> tuple[join.Token, datetime] | None:
         """This cluster's newest published token with time left, and its expiration."""
@@ -207,11 +302,24 @@ class Publisher:
         log.info("issued join token %s, valid until %s", token.id, join.stamp(expires))
         return token, expires
 
-    def custom_data(self, scale_set: str, token: join.Token) -> str:
+    def custom_data(self, scale_set: str, token: join.Token, documents: Mapping[str, str]) -> str:
         kubeconfig = join.bootstrap_kubeconfig(self.config.server, self.ca_pem, token, self.config.cluster)
-        return cloudinit.encode(join.with_credentials(self.config.documents[scale_set], kubeconfig))
+        return join.encode(join.with_credentials(documents[scale_set], kubeconfig))
+
+    def documents(self) -> dict[str, str]:
+        """Each scale set's plan document: the settings', or the in-cluster layer's ConfigMap now."""
+        if self.config.documents is not None:
+            return self.config.documents
+        namespace, name = self.config.documents_from.split("/")
+        found = self.kube.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+        if found is None:
+            raise ServiceError(
+                f"ConfigMap {self.config.documents_from} is missing: `pulumi up` the in-cluster layer first"
+            )
+        return check_documents(found.get("data") or {}, f"ConfigMap {self.config.documents_from}")
 
     def once(self) -> Published:
+        documents = self.documents()
         found = self.current()
         fresh = found is not None and (found[1] - self.clock()).total_seconds() > (
             self.config.ttl_s - self.config.rotate_s
@@ -219,16 +327,17 @@ class Publisher:
         token, expires = found if found is not None and fresh else self.issue()
         written, refused = [], []
         now = self.clock()
-        for scale_set in self.config.documents:
+        for scale_set, document in documents.items():
             held = self.given.get(scale_set)
-            if held and held[0] == token.id and (now - held[1]).total_seconds() < self.config.refresh_s:
+            given = (token.id, hashlib.sha256(document.encode()).hexdigest())
+            if held and held[0] == given and (now - held[1]).total_seconds() < self.config.refresh_s:
                 continue
             try:  # one scale set refused does not keep the others on an older token
-                self.models.publish(scale_set, self.custom_data(scale_set, token))
+                self.models.publish(scale_set, self.custom_data(scale_set, token, documents))
             except (ServiceError, OSError) as exc:
                 refused.append(f"{scale_set}: {exc}")
                 continue
-            self.given[scale_set] = (token.id, now)
+            self.given[scale_set] = (given, now)
             written.append(scale_set)
             log.info("scale set %s: new instances join with token %s", scale_set, token.id)
         if refused:
@@ -237,11 +346,18 @@ class Publisher:
             )
         return Published(token, expires, not (found is not None and fresh), tuple(written))
 
-    def run(self, rounds: int | None = None) -> None:
+    def run(self, rounds: int | None = None, lease: Lease | None = None) -> None:
         done = 0
+        leading = lease is None
         while rounds is None or done < rounds:
             try:
-                self.once()
+                now = lease.hold() if lease is not None else True
+                if now != leading:
+                    log.info("this host %s the publisher's lease", "took" if now else "does not hold")
+                    self.given.clear()  # a new holder writes every model: the last one may have missed some
+                    leading = now
+                if leading:
+                    self.once()
             except (ServiceError, OSError, ValueError) as exc:
                 log.warning("round failed, retrying in %.0fs: %s", self.config.interval_s, exc)
             done += 1
@@ -266,6 +382,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--once", action="store_true", help="one round, then exit (non-zero if it failed)")
     p.add_argument("--json", action="store_true", help="with --once: print what the round did as JSON")
+    p.add_argument(
+        "--identity",
+        default=socket.gethostname(),
+        help="this host's name in the lease (default: the host name)",
+    )
+    p.add_argument("--check", action="store_true", help="load the settings and the kubeconfig, then exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -274,8 +396,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ServiceError, OSError) as exc:
         print(f"superkube-join-tokens: {exc}", file=sys.stderr)
         return 2
+    if args.check:
+        return 0
     if not args.once:
-        publisher.run()
+        lease = None
+        if config.lease_s:
+            namespace = (
+                config.documents_from.split("/")[0] if config.documents_from else join.PUBLISHER_NAMESPACE
+            )
+            lease = Lease(publisher.kube, namespace, args.identity, config.lease_s)
+        publisher.run(lease=lease)
         return 0
     try:
         done = publisher.once()

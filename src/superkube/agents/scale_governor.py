@@ -391,6 +391,17 @@ class KubeReader:
         )
         return _read_json(req, f"POST {path}", self.timeout, self.tls)
 
+    def replace(self, path: str, body: Mapping[str, Any]) -> Any:
+        """PUT `body` (with the resourceVersion it was read at) over the object at `path`: HTTP 409
+        when someone wrote it since."""
+        req = urllib.request.Request(
+            self.server + path,
+            data=json.dumps(body).encode(),
+            method="PUT",
+            headers={"Accept": "application/json", "Content-Type": "application/json"},
+        )
+        return _read_json(req, f"PUT {path}", self.timeout, self.tls)
+
     def status(self) -> str | None:
         cm = self.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{STATUS_CONFIGMAP}")
         return ((cm or {}).get("data") or {}).get("status") or None

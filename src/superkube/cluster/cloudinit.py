@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
+from superkube.cluster.join import BOOTSTRAP_KUBECONFIG as BOOTSTRAP_KUBECONFIG  # its arrival starts the join
 from superkube.model import teams
 from superkube.model.spec import CLUSTER_LABEL, POOL_LABEL, PREFLIGHT_TAINT_KEY, ROLE_LABEL
 
@@ -32,8 +33,6 @@ PREFLIGHT_LABEL = f"{PREFLIGHT_TAINT_KEY}={PREFLIGHT_PENDING}"
 REGISTRATION_FILE = "/etc/default/kubelet"
 JOIN_SCRIPT = "/usr/local/sbin/superkube-join"
 JOIN_PATH_UNIT = "/etc/systemd/system/superkube-join.path"
-# from the model's custom data (or the kubelet role); its arrival starts the join
-BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 
 
 EGRESS_TAG = "superkube-egress-limit"

@@ -15,6 +15,9 @@ The threat model (README, "New instances join by themselves") rests on three fac
 token the publisher issues expires (`MAX_TTL_S`), the file is root's alone (`KUBECONFIG_MODE`), and
 the token's group grants only the node-bootstrapper role and the auto-approval of node client
 certificates. (The kube_apiserver role's converge token does not expire yet; the README says so.)
+
+This module ships to the API-server hosts with the publisher (the join_tokens role): it imports only
+the standard library and PyYAML.
 """
 
 from __future__ import annotations
@@ -30,12 +33,20 @@ from typing import Any
 
 import yaml
 
-from superkube.cluster import cloudinit
-
+BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
+"""Where the kubelet's bootstrap kubeconfig lies on a node: the join unit starts on its arrival."""
 TOKEN_TYPE = "bootstrap.kubernetes.io/token"
 TOKEN_NAMESPACE = "kube-system"
 TOKEN_PATTERN = re.compile(r"\b([a-z0-9]{6})\.([a-z0-9]{16})\b")
 """A bootstrap token as the API server accepts it: `<id>.<secret>`, [a-z0-9]{6}.[a-z0-9]{16}."""
+PUBLISHER = "superkube-join-tokens"
+"""The publisher's Kubernetes user (its certificate from the controller's PKI) and its Lease's name."""
+DOCUMENTS_CONFIGMAP = "superkube-node-documents"
+"""The ConfigMap (in superkube's namespace) the in-cluster layer keeps of the plan's custom data: one
+key per node scale set, its #cloud-config document without credentials. `pulumi up` updates it with
+the plan; the publisher writes what it holds, plus the token, into each scale set's model."""
+PUBLISHER_NAMESPACE = "superkube-system"
+"""Where that ConfigMap and the publisher's Lease live (superkube.cluster.kube.SYSTEM_NAMESPACE)."""
 PUBLISHED_LABEL = "superkube.io/join-token"
 """On the token Secrets the publisher makes, valued with the cluster's name: the ones it rotates."""
 JOIN_GROUP = "system:bootstrappers:superkube"
@@ -106,6 +117,11 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+def encode(document: str) -> str:
+    """Custom data as Azure takes it: the document, base64."""
+    return _b64(document)
+
+
 def stamp(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -174,9 +190,9 @@ def with_credentials(document: str, kubeconfig: str) -> str:
     if not document.startswith("#cloud-config\n"):
         raise ValueError("not a #cloud-config document")
     doc = yaml.safe_load(document)
-    files = [f for f in doc.get("write_files") or [] if f.get("path") != cloudinit.BOOTSTRAP_KUBECONFIG]
+    files = [f for f in doc.get("write_files") or [] if f.get("path") != BOOTSTRAP_KUBECONFIG]
     files.append(
-        {"path": cloudinit.BOOTSTRAP_KUBECONFIG, "permissions": KUBECONFIG_MODE, "owner": "root:root",
+        {"path": BOOTSTRAP_KUBECONFIG, "permissions": KUBECONFIG_MODE, "owner": "root:root",
          "content": kubeconfig}
     )  # fmt: skip
     doc["write_files"] = files
@@ -189,7 +205,7 @@ def credentials_in(doc: Mapping[str, Any]) -> list[str]:
     found = []
     for f in doc.get("write_files") or []:
         path, content = str(f.get("path", "")), str(f.get("content", ""))
-        if path == cloudinit.BOOTSTRAP_KUBECONFIG:
+        if path == BOOTSTRAP_KUBECONFIG:
             found.append(f"{path} (the bootstrap kubeconfig)")
         elif TOKEN_PATTERN.search(content):
             found.append(f"{path} (a bootstrap token)")
@@ -200,7 +216,7 @@ def credentials_in(doc: Mapping[str, Any]) -> list[str]:
 
 def joining_file(doc: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for f in doc.get("write_files") or []:
-        if f.get("path") == cloudinit.BOOTSTRAP_KUBECONFIG:
+        if f.get("path") == BOOTSTRAP_KUBECONFIG:
             return f
     return None
 

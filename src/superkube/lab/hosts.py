@@ -72,6 +72,7 @@ BASE_PACKAGES = (
     "python3",
     "python3-apt",
     "python3-prometheus-client",
+    "python3-yaml",  # the join-token publisher's (production's join_tokens role installs it)
     "iproute2",
     "iptables",
     "procps",
@@ -89,7 +90,7 @@ BASE_PACKAGES = (
     "prometheus",
     "victoria-metrics",
 )
-IMAGE_RECIPE = 5  # bump when the image steps below change
+IMAGE_RECIPE = 6  # bump when the image steps below change
 INTERNET = IPv4Network("198.18.0.0/24")  # benchmarking range: outside every cluster CIDR
 LAB_STACK = "flagship"  # hosts sit where this stack's address plan puts them
 MAX_HOSTS = 40

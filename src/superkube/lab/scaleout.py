@@ -34,6 +34,7 @@ import yaml
 from superkube.agents import join_tokens
 from superkube.cluster import cloudinit, join, roll
 from superkube.cluster.join import DEFAULT_ROTATE_S, DEFAULT_TTL_S
+from superkube.cluster.kube import APISERVERS
 from superkube.cluster.roll import is_ready, schedulable
 from superkube.lab import agent_pods, hosts, layer
 from superkube.lab.errors import LabError
@@ -87,6 +88,23 @@ def _prune(lab: Lab, pool: str, keep: Path) -> None:
 
 def models_dir(lab: Lab) -> Path:
     return Path(lab.state_dir) / MODELS
+
+
+PUBLISHED_MODELS = "/var/lib/superkube/join-tokens/models"
+"""Where the publisher on the lab's API-server hosts writes the models (the join_tokens role's
+`join_tokens_directory` in a lab): the lab's stand-in for Resource Manager's copy of them."""
+
+
+def model_path(lab: Lab, scale_set: str) -> Path | None:
+    """The scale set's model as the lab's fabric reads it: the newest written, by the publisher on an
+    API-server host (the join_tokens role) or by `superkube lab publish` (None: neither wrote one)."""
+    folders = [models_dir(lab)] + [
+        hosts._host_dir(lab, h) / "root" / PUBLISHED_MODELS.lstrip("/")
+        for h in lab.hosts
+        if h.group == APISERVERS
+    ]
+    found = [p for p in (join_tokens.DirectoryModels(f).path(scale_set) for f in folders) if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _pool_group(lab: Lab, pool: str) -> str:
@@ -322,10 +340,11 @@ def _from_model(lab: Lab, pool: str) -> tuple[Path, dict[str, list[str]]]:
         raise LabError(f"pool {pool!r} has no baked image: run `superkube lab bake {pool}` first")
     _pool_group(lab, pool)  # a pool the lab has: one clear line, not a KeyError below
     scale_set = lab.pools[pool]["scale_set"]
-    model = join_tokens.DirectoryModels(models_dir(lab)).path(scale_set)
-    if not model.is_file():
+    model = model_path(lab, scale_set)
+    if model is None:
         raise LabError(
-            f"scale set {scale_set} has no model with join credentials: run `superkube lab publish` first"
+            f"scale set {scale_set} has no model with join credentials: converge the API servers (their "
+            "join-token publisher writes it once `superkube lab apply` made its ConfigMap), or run `superkube lab publish`"
         )
     files = instance_files(model.read_text())
     _require_valid_token(lab, files[cloudinit.BOOTSTRAP_KUBECONFIG][0])
