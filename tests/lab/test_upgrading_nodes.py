@@ -36,6 +36,7 @@ from superkube.lab import nodes, scaleout
 from superkube.model.spec import POOL_LABEL, PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
 from superkube.model.teams import TEAM_KEY
 from tests.lab.conftest import Labs, get, kubectl, ok
+from tests.lab.test_scaling_out import from_the_api_servers
 
 JOINED = ("gpu-1", "cpu-1")
 POOL_SIZE = 5  # at least: three batches of two, one after the failed one (the earlier modules leave five)
@@ -137,9 +138,9 @@ def upgrade(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
     nodes.join(control_plane, JOINED)
     fleet = load()
     pool = gpu_pool(fleet)
-    scaleout.publish(fleet)
     if scaleout.image_dir(fleet, pool) is None:  # this module alone: the pool's first image
         scaleout.bake(fleet, pool)
+    from_the_api_servers(fleet, pool)  # the model the API servers' publisher keeps
     members = [h for h in fleet.hosts if h.group == "gpu_nodes"]
     if len(members) < POOL_SIZE:
         scaleout.scale_out(fleet, pool, POOL_SIZE - len(members))
