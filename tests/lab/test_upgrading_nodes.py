@@ -168,7 +168,10 @@ def upgrade(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
         first = CliRunner().invoke(app, ["lab", "roll", pool, "--batch", str(BATCH), "--timeout", "300",
                                          "--fault", f"{bad}=gpu-missing", "--output", "json"])  # fmt: skip
         after_first = {"fleet": load()}
-        after_first["created"] = created(after_first["fleet"])
+        after_first["nodes"] = {n["metadata"]["name"]: n for n in get(after_first["fleet"], "nodes")["items"]}
+        after_first["created"] = {
+            n: v["metadata"]["creationTimestamp"] for n, v in after_first["nodes"].items()
+        }
         second = CliRunner().invoke(
             app, ["lab", "roll", pool, "--batch", str(BATCH), "--timeout", "300", "--output", "json"]
         )
@@ -209,6 +212,7 @@ def test_the_roll_stops_at_the_batch_whose_node_fails_preflight(upgrade: dict[st
         for name in batch:
             assert scaleout.image_version(fleet.host(name)) == upgrade["before"]["versions"][name]
             assert new_nodes[name] == upgrade["before"]["created"][name]
+            assert not roll.cordoned(upgrade["after_first"]["nodes"][name]), f"{name} was cordoned"
             assert "containerLogMaxSize" not in kubelet_config(fleet, name) or (
                 kubelet_config(fleet, name)["containerLogMaxSize"] != CHANGED["containerLogMaxSize"]
             )
