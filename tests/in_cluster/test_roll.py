@@ -45,12 +45,17 @@ class Ledger:
         self.after = {k: list(v) for k, v in after.items()}
         self.current: dict[str, dict[str, Any] | None] = {n: node(n) for n in versions}
         self.refuse_drain = refuse_drain
+        self.refuse_cordon: str | None = None
+        self.unreadable = 0  # the next readings of the Nodes that fail
         self.log: list[tuple[str, str]] = []
 
     def members(self) -> list[roll.Member]:
         return [roll.Member(n, v) for n, v in self.versions.items()]
 
     def nodes(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.unreadable:
+            self.unreadable -= 1
+            raise roll.RollError("cannot list the Nodes: connection refused")
         for name, queue in self.after.items():
             if name in self.replaced and len(queue) > 1:
                 self.current[name] = queue.pop(0)
@@ -63,7 +68,10 @@ class Ledger:
         return {n for op, n in self.log if op == "replace"}
 
     def cordon(self, name: str) -> None:
+        if name == self.refuse_cordon:
+            raise roll.RollError("Unauthorized")
         self.log.append(("cordon", name))
+        self.current[name]["spec"]["unschedulable"] = True  # type: ignore[index]
 
     def drain(self, name: str) -> None:
         if name == self.refuse_drain:
@@ -72,6 +80,7 @@ class Ledger:
 
     def uncordon(self, name: str) -> None:
         self.log.append(("uncordon", name))
+        self.current[name]["spec"].pop("unschedulable", None)  # type: ignore[index]
 
     def replace(self, names: Sequence[str], version: str) -> None:
         for n in names:
@@ -96,12 +105,16 @@ def test_a_node_is_in_service_only_when_ready_uncordoned_and_past_preflight() ->
     assert roll.verdict(failed) == (roll.FAILED, "preflight failed 2026-11-27T12:00:00Z: 7 of 8 GPUs")
 
 
-def test_batches_take_what_is_old_or_out_of_service_in_the_pools_order() -> None:
-    members = [roll.Member(n, v) for n, v in (("a", "1"), ("b", "2"), ("c", "base"), ("d", "2"), ("e", "1"))]
+def test_batches_take_what_is_old_failed_or_never_registered_in_the_pools_order() -> None:
+    members = [roll.Member(n, v) for n, v in (("a", "1"), ("b", "2"), ("c", "base"), ("d", "2"), ("e", "1"),
+                                              ("f", "2"), ("g", "2"), ("h", "2"))]  # fmt: skip
     nodes = {"a": node("a"), "b": node("b"), "c": node("c"), "e": node("e"),
-             "d": node("d", taints=[PREFLIGHT_TAINT_KEY], result="failed x: GPU")}  # fmt: skip
-    assert roll.batches(members, "2", nodes, 2) == [["a", "c"], ["d", "e"]]
-    assert roll.batches(members, "2", nodes, 3) == [["a", "c", "d"], ["e"]]
+             "d": node("d", taints=[PREFLIGHT_TAINT_KEY], result="failed x: GPU"),
+             "f": node("f", taints=[PREFLIGHT_TAINT_KEY]),  # on the version, still in preflight: its own
+             "g": node("g", cordoned=True)}  # fmt: skip  # on the version, cordoned by someone: theirs
+    # h is on the version and never registered: replaced
+    assert roll.batches(members, "2", nodes, 2) == [["a", "c"], ["d", "e"], ["h"]]
+    assert roll.batches(members, "2", nodes, 3) == [["a", "c", "d"], ["e", "h"]]
     assert roll.batches([roll.Member("b", "2")], "2", nodes, 2) == []
     with pytest.raises(ValueError, match="batch size 0"):
         roll.batches(members, "2", nodes, 0)
@@ -167,3 +180,44 @@ def test_a_drain_a_disruption_budget_refuses_stops_before_anything_is_replaced()
         ("uncordon", "d"),
     ]
     assert pool.replaced == {"a", "b"}
+
+
+def test_a_node_someone_else_cordoned_stays_cordoned_when_a_drain_stops_the_roll() -> None:
+    pool = Ledger({n: "1" for n in "abcd"}, {n: [node(n)] for n in "abcd"}, refuse_drain="d")
+    pool.current["c"] = node("c", cordoned=True)  # the health controller cordoned it: a bad GPU
+    report = run(pool)
+    assert report.stopped_at == 2
+    assert ("cordon", "c") not in pool.log and ("uncordon", "c") not in pool.log
+    assert pool.log[-3:] == [("cordon", "d"), ("drain", "c"), ("uncordon", "d")]
+    assert roll.cordoned(pool.nodes()["c"]) and not roll.cordoned(pool.nodes()["d"])
+
+
+def test_a_refused_cordon_is_reported_against_its_own_node() -> None:
+    pool = Ledger({n: "1" for n in "ab"}, {n: [node(n)] for n in "ab"})
+    pool.refuse_cordon = "b"
+    report = run(pool)
+    assert report.batches[0].why == {"b": "cordon: Unauthorized"}
+    assert pool.log == [("cordon", "a"), ("uncordon", "a")]
+
+
+def test_no_roll_without_the_nodes_and_a_moment_without_them_is_waited_out() -> None:
+    pool = Ledger({n: "1" for n in "ab"}, {n: [node(n)] for n in "ab"})
+    pool.unreadable = 1
+    with pytest.raises(roll.RollError, match="cannot list the Nodes"):
+        run(pool)  # planned blind, every instance would look never registered
+    assert pool.log == []
+    pool.current = {}
+    with pytest.raises(roll.RollError, match="lists no Node at all"):
+        run(pool)
+    again = Ledger({n: "1" for n in "ab"}, {n: [None, node(n)] for n in "ab"})
+    ticks = iter(range(10_000))
+    readings = iter([False, False, True, True] + [False] * 100)  # the gate's 1st and 2nd reads fail
+
+    def flaky() -> Mapping[str, Mapping[str, Any]]:
+        if next(readings):
+            raise roll.RollError("cannot list the Nodes: timeout")
+        return Ledger.nodes(again)
+
+    again.nodes = flaky  # type: ignore[method-assign]
+    report = roll.roll(again, "2", 2, 60, clock=lambda: float(next(ticks)), sleep=lambda s: None)
+    assert report.ok

@@ -103,7 +103,7 @@ def probe_objects(fleet: lab.Lab, pool: str) -> str:
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": PROBE, "namespace": "kube-system"},
+        "metadata": {"name": PROBE, "namespace": "kube-system", "labels": labels},
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": labels},
@@ -168,7 +168,10 @@ def upgrade(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
         first = CliRunner().invoke(app, ["lab", "roll", pool, "--batch", str(BATCH), "--timeout", "300",
                                          "--fault", f"{bad}=gpu-missing", "--output", "json"])  # fmt: skip
         after_first = {"fleet": load()}
-        after_first["created"] = created(after_first["fleet"])
+        after_first["nodes"] = {n["metadata"]["name"]: n for n in get(after_first["fleet"], "nodes")["items"]}
+        after_first["created"] = {
+            n: v["metadata"]["creationTimestamp"] for n, v in after_first["nodes"].items()
+        }
         second = CliRunner().invoke(
             app, ["lab", "roll", pool, "--batch", str(BATCH), "--timeout", "300", "--output", "json"]
         )
@@ -200,7 +203,7 @@ def test_the_roll_stops_at_the_batch_whose_node_fails_preflight(upgrade: dict[st
         assert new_nodes[name] > upgrade["before"]["created"][name], f"{name}: its Node was not made anew"
         assert kubelet_config(fleet, name)["containerLogMaxSize"] == CHANGED["containerLogMaxSize"]
     # the failed node: on the new image, held behind its preflight taint with preflight's reason
-    node = get(fleet, "node", bad)
+    node = upgrade["after_first"]["nodes"][bad]  # as the first roll left it (the second replaced it)
     assert PREFLIGHT_TAINT_KEY in {t["key"] for t in node["spec"].get("taints") or []}
     assert node["metadata"]["annotations"][PREFLIGHT_RESULT_ANNOTATION].startswith("failed")
     assert "GPU" in node["metadata"]["annotations"][PREFLIGHT_RESULT_ANNOTATION]
@@ -209,6 +212,7 @@ def test_the_roll_stops_at_the_batch_whose_node_fails_preflight(upgrade: dict[st
         for name in batch:
             assert scaleout.image_version(fleet.host(name)) == upgrade["before"]["versions"][name]
             assert new_nodes[name] == upgrade["before"]["created"][name]
+            assert not roll.cordoned(upgrade["after_first"]["nodes"][name]), f"{name} was cordoned"
             assert "containerLogMaxSize" not in kubelet_config(fleet, name) or (
                 kubelet_config(fleet, name)["containerLogMaxSize"] != CHANGED["containerLogMaxSize"]
             )
@@ -224,7 +228,8 @@ def test_rolled_again_it_replaces_only_what_is_not_yet_in_service_and_ends_on_th
     plan, bad = upgrade["plan"], upgrade["bad"]
     rolled = [n for b in report["batches"] for n in b["nodes"]]
     settled = [n for n in plan[1] if n != bad]  # the failed batch's other nodes came up in service
-    assert rolled == [bad, *(n for b in plan[2:] for n in b)], report
+    # (in the pool's order now: a replaced instance is the pool's newest)
+    assert sorted(rolled) == sorted([bad, *(n for b in plan[2:] for n in b)]), report
     fleet = load()
     now = created(fleet)
     for name in [*plan[0], *settled]:  # in service on the new version: left alone

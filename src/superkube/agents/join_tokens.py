@@ -223,7 +223,7 @@ class Lease:
         """Take or renew the lease; whether this host holds it now."""
         lease = self.kube.get(self.path)
         try:
-            if lease is None:
+            if lease is None:  # the in-cluster layer makes it; a user allowed to may make it here
                 body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                         "metadata": {"name": self.name, "namespace": self.namespace},
                         "spec": self._spec({}, taking=True)}  # fmt: skip
@@ -236,7 +236,8 @@ class Lease:
                 if record != self._seen:
                     self._seen, self._seen_at = record, self.clock()
                     return False
-                if self.clock() - self._seen_at < self.duration_s:
+                # the holder's own duration, as it wrote it: hosts mid-converge may differ in theirs
+                if self.clock() - self._seen_at < float(held.get("leaseDurationSeconds") or self.duration_s):
                     return False
             lease["spec"] = self._spec(held, taking=holder != self.identity)
             self.kube.replace(self.path, lease)
@@ -244,6 +245,11 @@ class Lease:
         except ServiceError as exc:
             if "HTTP 409" in str(exc):  # another host wrote first: it holds the lease
                 return False
+            if lease is None and "HTTP 403" in str(exc):
+                raise ServiceError(
+                    f"Lease {self.namespace}/{self.name} is missing and this user may not make it: "
+                    "`pulumi up` the in-cluster layer (its join-tokens component makes it)"
+                ) from None
             raise
 
 
@@ -318,12 +324,21 @@ class Publisher:
             )
         return check_documents(found.get("data") or {}, f"ConfigMap {self.config.documents_from}")
 
-    def once(self) -> Published:
+    def once(self, leading: Callable[[], bool] = lambda: True) -> Published:
+        """One round. `leading` is asked before the token is issued and before each model is written
+        (a renewal of the lease): a host that lost the lease mid-round stops writing."""
+
+        def still() -> None:
+            if not leading():
+                raise ServiceError("another host took the publisher's lease during this round")
+
         documents = self.documents()
         found = self.current()
         fresh = found is not None and (found[1] - self.clock()).total_seconds() > (
             self.config.ttl_s - self.config.rotate_s
         )
+        if not fresh:
+            still()
         token, expires = found if found is not None and fresh else self.issue()
         written, refused = [], []
         now = self.clock()
@@ -332,6 +347,7 @@ class Publisher:
             given = (token.id, hashlib.sha256(document.encode()).hexdigest())
             if held and held[0] == given and (now - held[1]).total_seconds() < self.config.refresh_s:
                 continue
+            still()
             try:  # one scale set refused does not keep the others on an older token
                 self.models.publish(scale_set, self.custom_data(scale_set, token, documents))
             except (ServiceError, OSError) as exc:
@@ -357,7 +373,7 @@ class Publisher:
                     self.given.clear()  # a new holder writes every model: the last one may have missed some
                     leading = now
                 if leading:
-                    self.once()
+                    self.once(lease.hold if lease is not None else lambda: True)
             except (ServiceError, OSError, ValueError) as exc:
                 log.warning("round failed, retrying in %.0fs: %s", self.config.interval_s, exc)
             done += 1

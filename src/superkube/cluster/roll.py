@@ -11,7 +11,8 @@ no running instance does. A roll then replaces the pool's instances a batch at a
    failed nodes stay behind their taint, and every later batch keeps its old version: a bad image
    or a bad batch of hardware costs one batch, never the pool.
 
-A second roll picks up where one stopped: it replaces what is not yet on the version and healthy.
+A second roll picks up where one stopped: it replaces what is not yet on the version, and what a
+stopped roll left failed.
 What a platform does (drain, replace, read Nodes) is a `Pool`; this module decides only what to
 replace when, and when to stop.
 """
@@ -49,7 +50,8 @@ class Pool(Protocol):
     def members(self) -> list[Member]: ...
 
     def nodes(self) -> Mapping[str, Mapping[str, Any]]:
-        """The Nodes by name, as the API server has them now (empty when it cannot be read)."""
+        """The Nodes by name, as the API server has them now; RollError when it cannot be read (an
+        empty answer would look like a pool of instances whose nodes never registered)."""
         ...
 
     def cordon(self, name: str) -> None: ...
@@ -93,12 +95,22 @@ def verdict(node: Mapping[str, Any] | None) -> tuple[str, str]:
 def batches(
     members: Sequence[Member], version: str, nodes: Mapping[str, Mapping[str, Any]], size: int
 ) -> list[list[str]]:
-    """The roll's batches, in the pool's order: every member not on `version`, and every member on it
-    that is not in service (a node a stopped roll left failed); `size` at a time."""
+    """The roll's batches, in the pool's order, `size` at a time: every member not on `version`, and
+    every member on it whose preflight failed (a node a stopped roll left behind its taint) or whose
+    node never registered. A node on the version that is still in preflight, or that someone
+    cordoned, is left to them."""
     if size < 1:
         raise ValueError(f"batch size {size}: give 1 or more")
-    todo = [m.name for m in members if m.version != version or verdict(nodes.get(m.name))[0] != PASSED]
+    todo = [
+        m.name
+        for m in members
+        if m.version != version or m.name not in nodes or verdict(nodes[m.name])[0] == FAILED
+    ]
     return [todo[i : i + size] for i in range(0, len(todo), size)]
+
+
+def cordoned(node: Mapping[str, Any] | None) -> bool:
+    return bool(((node or {}).get("spec") or {}).get("unschedulable"))
 
 
 @dataclass
@@ -135,7 +147,7 @@ class RollReport:
         return (
             f"pool {self.pool}: roll to version {self.version} stopped at batch {at} of {len(self.batches)} "
             f"({why}); not rolled: {', '.join(left) or 'none'}. Fix the cause and roll again: it "
-            "replaces what is not yet on the version and in service"
+            "replaces what is not yet on the version, and the nodes that failed"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -161,23 +173,33 @@ def roll(
     sleep: Callable[[float], None] = time.sleep,
 ) -> RollReport:
     """Roll `pool` onto `version`, `size` nodes at a time; stops at the first batch that fails."""
-    plan = batches(pool.members(), version, pool.nodes(), size)
+    members = pool.members()
+    nodes = pool.nodes()
+    if members and not nodes:
+        raise RollError(f"pool {pool.name}: the API server lists no Node at all; not rolling blind")
+    plan = batches(members, version, nodes, size)
     report = RollReport(pool.name, version, [Batch(list(b)) for b in plan])
     for i, batch in enumerate(report.batches, 1):
         started = clock()
         progress(f"batch {i} of {len(plan)}: {', '.join(batch.nodes)}")
-        drained: list[str] = []
+        mine: list[str] = []
+        step, acting = "read the Nodes", batch.nodes[0]
         try:
-            for name in batch.nodes:  # all first: an evicted pod must not land on the batch's next node
-                pool.cordon(name)
-            for name in batch.nodes:
-                pool.drain(name)
-                drained.append(name)
-                progress(f"{name}: drained")
+            # nodes someone else cordoned (the health controller, an operator) stay cordoned whatever happens
+            now = pool.nodes()
+            theirs = {n for n in batch.nodes if cordoned(now.get(n))}
+            step = "cordon"
+            for acting in batch.nodes:  # all first: an evicted pod must not land on the batch's next node
+                if acting not in theirs:
+                    pool.cordon(acting)
+                    mine.append(acting)
+            step = "drain"
+            for acting in batch.nodes:
+                pool.drain(acting)
+                progress(f"{acting}: drained")
         except RollError as exc:
-            refused = batch.nodes[len(drained)]
-            batch.state, batch.why = FAILED, {refused: f"drain: {exc}"}
-            for back in batch.nodes:  # back in service, as they were: nothing of the batch is replaced
+            batch.state, batch.why = FAILED, {acting: f"{step}: {exc}"}
+            for back in mine:  # back in service, as they were: nothing of the batch is replaced
                 try:
                     pool.uncordon(back)
                 except RollError as again:
@@ -210,7 +232,15 @@ def _gate(
     time-out), so that the report says where each of its nodes ended."""
     seen: dict[str, str] = {}
     while True:
-        nodes = pool.nodes()
+        try:
+            nodes = pool.nodes()
+        except RollError as exc:  # a moment the API server does not answer: not a verdict on the batch
+            if clock() > deadline:
+                return FAILED, {
+                    n: f"no answer from the API server at the batch's time-out: {exc}" for n in names
+                }
+            sleep(1.0)
+            continue
         states = {n: verdict(nodes.get(n)) for n in names}
         for name, (_, why) in states.items():
             if seen.get(name) != why:

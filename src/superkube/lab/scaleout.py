@@ -505,10 +505,19 @@ def _drain(lab: Lab, name: str, timeout_s: int = 120) -> None:
 
 
 def _delete(lab: Lab, name: str) -> None:
-    """Delete the instance, then its Node (a kubelet of the same name registers it anew)."""
+    """Delete the instance, then its Node: a kubelet of the same name must register it anew (behind
+    preflight, with no cordon or verdict of the one before)."""
     hosts.remove_host(lab, name)
-    subprocess.run([*layer.kubectl(lab), "delete", "node", name, "--ignore-not-found"], capture_output=True,
-                   text=True, timeout=60, check=False)  # fmt: skip
+    try:
+        proc = subprocess.run([*layer.kubectl(lab), "delete", "node", name, "--ignore-not-found", "--wait=true"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise LabError(
+            f"{name}: instance deleted, but its Node was not deleted in 60 s: delete it by hand"
+        ) from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"{name}: instance deleted, but not its Node ({last}): delete it by hand")
 
 
 def image_version(host: Host) -> str:
@@ -540,7 +549,18 @@ class LabPool:
         ]
 
     def nodes(self) -> Mapping[str, Mapping[str, Any]]:
-        return _nodes(self.lab)
+        try:
+            proc = subprocess.run([*layer.kubectl(self.lab), "get", "nodes", "-o", "json"], capture_output=True,
+                                  text=True, timeout=30)  # fmt: skip
+            if proc.returncode != 0:
+                raise roll.RollError(
+                    f"cannot list the Nodes: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
+                )
+            return {n["metadata"]["name"]: n for n in json.loads(proc.stdout)["items"]}
+        except subprocess.TimeoutExpired:
+            raise roll.RollError("cannot list the Nodes: no answer in 30 s") from None
+        except (ValueError, KeyError) as exc:
+            raise roll.RollError(f"cannot list the Nodes: {exc}") from None
 
     def drain(self, name: str) -> None:
         try:
@@ -568,18 +588,35 @@ class LabPool:
             )
 
     def replace(self, names: Sequence[str], version: str) -> None:
+        """One instance at a time, deleted and made again: a failure costs that one instance, and
+        says so."""
         try:
             image, files = _from_model(self.lab, self.name)
-            if image.name != version:
-                raise LabError(f"the pool's newest image is version {image.name}, not {version}")
-            for name in names:
+        except LabError as exc:
+            raise roll.RollError(f"nothing replaced: {exc}") from None
+        if image.name != version:
+            raise roll.RollError(
+                f"nothing replaced: the pool's newest image is version {image.name}, not {version}"
+            )
+        for name in names:
+            fault = self.faults.pop(name, None)  # a bad VM comes up once; its replacement is sound
+            try:
                 _delete(self.lab, name)
                 self.progress(f"{name}: instance and Node deleted")
-            faults = {n: f for n, f in self.faults.items() if n in names}
-            self.faults = {n: f for n, f in self.faults.items() if n not in names}  # a bad VM, once
-            _boot(self.lab, self.name, names, image / "root", files, self.progress, faults)
-        except LabError as exc:
-            raise roll.RollError(str(exc)) from None
+                _boot(self.lab, self.name, [name], image / "root", files, self.progress,
+                      {name: fault} if fault else None)  # fmt: skip
+            except (LabError, OSError, subprocess.SubprocessError) as exc:
+                gone = all(h.name != name for h in self.lab.hosts)
+                raise roll.RollError(
+                    f"{name}: {exc}"
+                    + (
+                        f" (the instance is gone: `superkube lab scale {self.name} +1` makes one)"
+                        if gone
+                        else ""
+                    )
+                ) from None
+        hosts._write_known_hosts(self.lab)
+        hosts.write_inventory(self.lab)
 
 
 def roll_pool(
