@@ -383,24 +383,21 @@ class KubeReader:
 
     def create(self, path: str, body: Mapping[str, Any]) -> Any:
         """POST `body` to the collection at `path`; the object the API server made."""
-        req = urllib.request.Request(
-            self.server + path,
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Accept": "application/json", "Content-Type": "application/json"},
-        )
-        return _read_json(req, f"POST {path}", self.timeout, self.tls)
+        return self._send("POST", path, body)
 
     def replace(self, path: str, body: Mapping[str, Any]) -> Any:
         """PUT `body` (with the resourceVersion it was read at) over the object at `path`: HTTP 409
         when someone wrote it since."""
+        return self._send("PUT", path, body)
+
+    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Any:
         req = urllib.request.Request(
             self.server + path,
             data=json.dumps(body).encode(),
-            method="PUT",
+            method=method,
             headers={"Accept": "application/json", "Content-Type": "application/json"},
         )
-        return _read_json(req, f"PUT {path}", self.timeout, self.tls)
+        return _read_json(req, f"{method} {path}", self.timeout, self.tls)
 
     def status(self) -> str | None:
         cm = self.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{STATUS_CONFIGMAP}")
