@@ -162,7 +162,9 @@ def upgrade(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
         "versions": {m.name: m.version for m in scaleout.LabPool(fleet, pool).members()},
         "created": created(fleet),
     }
-    plan = roll.batches(scaleout.LabPool(fleet, pool).members(), image.name, scaleout._nodes(fleet), BATCH)
+    plan = roll.batches(
+        scaleout.LabPool(fleet, pool).members(), image.name, scaleout.list_nodes(fleet), BATCH
+    )
     assert len(plan) >= 3 and all(len(b) == BATCH for b in plan[:-1]), plan
     bad = plan[1][0]
     watch = Availability(fleet)

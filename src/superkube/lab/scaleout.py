@@ -90,16 +90,11 @@ def models_dir(lab: Lab) -> Path:
     return Path(lab.state_dir) / MODELS
 
 
-PUBLISHED_MODELS = "/var/lib/superkube/join-tokens/models"
-"""Where the publisher on the lab's API-server hosts writes the models (the join_tokens role's
-`join_tokens_directory` in a lab): the lab's stand-in for Resource Manager's copy of them."""
-
-
 def model_path(lab: Lab, scale_set: str) -> Path | None:
     """The scale set's model as the lab's fabric reads it: the newest written, by the publisher on an
     API-server host (the join_tokens role) or by `superkube lab publish` (None: neither wrote one)."""
     folders = [models_dir(lab)] + [
-        hosts._host_dir(lab, h) / "root" / PUBLISHED_MODELS.lstrip("/")
+        hosts._host_dir(lab, h) / "root" / hosts.PUBLISHED_MODELS.lstrip("/")
         for h in lab.hosts
         if h.group == APISERVERS
     ]
@@ -305,15 +300,27 @@ def _next_names(lab: Lab, group: str, count: int) -> list[str]:
     return names
 
 
-def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
+def list_nodes(lab: Lab) -> dict[str, dict[str, Any]]:
+    """The Nodes by name, as the lab's API server has them; LabError when it cannot be read."""
     try:
         proc = subprocess.run([*layer.kubectl(lab), "get", "nodes", "-o", "json"], capture_output=True,
                               text=True, timeout=30)  # fmt: skip
     except subprocess.TimeoutExpired:
-        return {}
+        raise LabError("cannot list the Nodes: no answer in 30 s") from None
     if proc.returncode != 0:
+        raise LabError(f"cannot list the Nodes: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    try:
+        return {n["metadata"]["name"]: n for n in json.loads(proc.stdout)["items"]}
+    except (ValueError, KeyError) as exc:
+        raise LabError(f"cannot list the Nodes: {exc}") from None
+
+
+def _nodes(lab: Lab) -> dict[str, dict[str, Any]]:
+    """The Nodes, or none for a moment the API server does not answer (a watch waits it out)."""
+    try:
+        return list_nodes(lab)
+    except LabError:
         return {}
-    return {n["metadata"]["name"]: n for n in json.loads(proc.stdout)["items"]}
 
 
 def scale_out(
@@ -550,17 +557,9 @@ class LabPool:
 
     def nodes(self) -> Mapping[str, Mapping[str, Any]]:
         try:
-            proc = subprocess.run([*layer.kubectl(self.lab), "get", "nodes", "-o", "json"], capture_output=True,
-                                  text=True, timeout=30)  # fmt: skip
-            if proc.returncode != 0:
-                raise roll.RollError(
-                    f"cannot list the Nodes: {(proc.stderr.strip().splitlines() or ['?'])[-1]}"
-                )
-            return {n["metadata"]["name"]: n for n in json.loads(proc.stdout)["items"]}
-        except subprocess.TimeoutExpired:
-            raise roll.RollError("cannot list the Nodes: no answer in 30 s") from None
-        except (ValueError, KeyError) as exc:
-            raise roll.RollError(f"cannot list the Nodes: {exc}") from None
+            return list_nodes(self.lab)
+        except LabError as exc:
+            raise roll.RollError(str(exc)) from None
 
     def drain(self, name: str) -> None:
         try:
