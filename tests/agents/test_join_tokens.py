@@ -448,20 +448,24 @@ def test_a_missing_documents_configmap_is_one_line(api: LocalApi, tmp_path: Path
         jt.Publisher(settings, kube, jt.DirectoryModels(tmp_path / "models")).once()
 
 
-def test_the_role_ships_these_modules_and_names_what_the_rest_of_superkube_names() -> None:
-    from superkube.lab import scaleout
+def test_the_role_ships_these_modules_and_names_what_the_rest_of_superkube_names(flagship_plan: Any) -> None:
+    from superkube.cluster.inventory import cluster_facts
     from tests.conftest import ROOT
 
     defaults = yaml.safe_load((ROOT / "playbooks/roles/join_tokens/defaults/main.yml").read_text())
     assert {
         f"superkube.{m.removesuffix('.py').replace('/', '.')}" for m in defaults["join_tokens_modules"]
     } == set(SHIPPED)
-    assert defaults["join_tokens_documents_from"] == f"{join.PUBLISHER_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}"
-    assert f"'{scaleout.PUBLISHED_MODELS}'" in defaults["join_tokens_directory"]  # the lab reads it there
+    # the names it needs come from the inventory, which reads them from the one place naming them
+    assert defaults["join_tokens_documents_from"] == "{{ superkube_join_tokens_documents_from }}"
+    assert defaults["join_tokens_settings"] == "{{ superkube_join_tokens }}"
+    facts = cluster_facts(flagship_plan.spec, flagship_plan.addresses)
+    assert set(facts) >= {"join_tokens", "join_tokens_documents_from", "join_tokens_user"}
+    join.check_lifetime(facts["join_tokens"]["ttl_s"], facts["join_tokens"]["rotate_s"],
+                        defaults["join_tokens_interval_s"])  # fmt: skip
     assert f"default('{join.PUBLISHER}')" in defaults["join_tokens_user"]
     # each round is renewed well inside the lease, and the settings it writes pass the publisher's checks
     assert defaults["join_tokens_lease_s"] >= 2 * defaults["join_tokens_interval_s"]
-    join.check_lifetime(join.DEFAULT_TTL_S, join.DEFAULT_ROTATE_S, defaults["join_tokens_interval_s"])
 
 
 def test_only_the_clusters_admins_may_change_the_documents_every_new_node_runs(api: LocalApi) -> None:

@@ -117,7 +117,7 @@ def test_the_publisher_on_the_api_servers_wrote_an_expiring_token_into_the_pools
     for other in set(apiservers) - {published["holder"]}:
         assert not list(
             (lab._host_dir(control_plane, control_plane.host(other)) / "root").glob(
-                scaleout.PUBLISHED_MODELS.lstrip("/") + "/*"
+                lab.PUBLISHED_MODELS.lstrip("/") + "/*"
             )
         ), other
     assert oct(os.stat(published["path"]).st_mode & 0o777) == "0o600"

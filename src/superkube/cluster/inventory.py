@@ -37,6 +37,7 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         # the join-token publisher on the API servers: each token's life and how often a new one comes
         "join_tokens": {"ttl_s": join.DEFAULT_TTL_S, "rotate_s": join.DEFAULT_ROTATE_S},
         "join_tokens_user": join.PUBLISHER,
+        "join_tokens_documents_from": f"{join.PUBLISHER_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}",
         **kube.facts(spec, addresses),
     }
 

@@ -57,6 +57,9 @@ from superkube.lab.errors import LabError
 from superkube.model import vmsizes
 from superkube.model.ipam import FIRST_HOST_OFFSET
 
+PUBLISHED_MODELS = "/var/lib/superkube/join-tokens/models"
+"""Where the join-token publisher on the lab's API-server hosts writes the scale sets' models (the
+join_tokens role's `join_tokens_directory`): the lab's stand-in for Resource Manager's copy of them."""
 PREFIX = "sklab"
 SWITCH = f"{PREFIX}-switch"
 STATE_DIR = Path(os.environ.get("SUPERKUBE_LAB_STATE", "/var/lib/superkube/lab"))
@@ -902,6 +905,8 @@ def write_inventory(lab: Lab) -> Path:
                 **LAB_ONLY_NODE_SOFTWARE,
                 "kubelet_extra_config": LAB_ONLY_KUBELET_CONFIG,
                 "kube_proxy_extra_config": LAB_ONLY_KUBE_PROXY_CONFIG,
+                # no Resource Manager: the API servers' join-token publisher writes the models here
+                "join_tokens_directory": PUBLISHED_MODELS,
                 # kubelet client certificates for minutes, not a year: a test sees one rotate
                 "kube_controller_manager_extra_flags": {"cluster-signing-duration": LAB_CERT_DURATION},
             },
