@@ -4,13 +4,12 @@ expected figures, and the periodic GPU test that records it on its own node.
 The burn-*.json readings are written in the probe's format with the figures the burn reports: a
 healthy H100 node, one GPU slow under load, one computing wrong numbers, one on a narrowed PCIe link.
 They are not captures from failing hardware: this machine has no GPU. The burn itself runs on CUDA
-only; the device test at the end runs it on a real GPU (`pytest -m gpu`)."""
+only; tests/gpu runs it on a real GPU (`pytest -m gpu`)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -330,26 +329,3 @@ def test_a_node_that_failed_its_test_is_reported_fatal_and_the_controller_takes_
     again = nh.Agent(name, "gpu", lambda: gpu_probe.verdict(healthy), kube, lambda: kube.node(name))
     assert again.round() == "healthy"
     assert again.metrics.gpu_test_failed.labels("gpu")._value.get() == 0
-
-
-# --- on a GPU -----------------------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-def test_the_burn_on_the_real_gpus_computes_right_and_meets_the_models_figures() -> None:
-    """On a GPU machine: a short burn on every GPU, each product bit-identical to its first and the
-    GPUs agreeing; where the GPU's model is one src/superkube/data/vm_sizes.yaml knows, its figures pass."""
-    assert shutil.which("nvidia-smi"), "this test needs an NVIDIA GPU and its driver"
-    performance = gpu_burn.measure(seconds=10)
-    print(performance.model_dump_json(indent=2))
-    assert performance.gpus and all(
-        g.matmul_tflops > 0 and g.matmul_mismatches == 0 for g in performance.gpus
-    )
-    assert len({g.checksum for g in performance.gpus}) == 1
-    reading = gpu_probe.read_nvml("device", "device", expected_gpus=len(performance.gpus))
-    name = reading.gpus[0].name
-    sizes = yaml.safe_load(vmsizes.DATA.read_text())["sizes"]
-    size = next((s for s, f in sizes.items() if f["gpus"] and f["gpu_model"].split("-")[0] in name), "device")
-    result = gpu_probe.verdict(reading.model_copy(update={"vm_size": size, "performance": performance}))
-    print(json.dumps(result.to_dict(), indent=2))
-    assert [f for f in result.findings if f.level == "fatal"] == []
