@@ -1,6 +1,7 @@
 """Scale-out without Ansible, on the lab's real control plane (superkube.lab.scaleout):
 
-- the GPU pool's image is baked by converging a builder host with the node roles; it carries the
+- the GPU pool's image is baked by converging a builder host with the node roles and generalizing it
+  with generalize.yml over SSH; it carries the
   node software and the imported images, and none of the builder's own state, no join credential
   (kube-proxy's client certificate is still in it: the README says so);
 - the join-token publisher, a service converge installed on the API-server hosts (the join_tokens
@@ -104,6 +105,10 @@ def test_the_baked_image_holds_the_node_software_and_nothing_of_the_builder(
     for path in control_plane.cloud_init[baked["pool"]]:
         assert not (root / path.lstrip("/")).exists(), path
     assert all(h.name != f"builder-{baked['pool']}" for h in control_plane.hosts)  # the builder is gone
+    # generalize.yml removed all that over SSH on the running builder, as it does on Azure: what the
+    # capture's own sweep still found is what the builder's shutdown wrote (its journal)
+    swept = json.loads((baked["image"] / "image.json").read_text())["swept_after_capture"]
+    assert all(p.startswith("/var/log/journal/") for p in swept), swept
 
 
 def test_the_publisher_on_the_api_servers_wrote_an_expiring_token_into_the_pools_model(

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from superkube.agents import join_tokens
+from superkube.cluster import bake as baking
 from superkube.cluster import cloudinit, join, roll
 from superkube.cluster.join import DEFAULT_ROTATE_S, DEFAULT_TTL_S
 from superkube.cluster.kube import APISERVERS
@@ -45,20 +46,6 @@ IMAGES = "images"  # under the lab's state folder: <pool>/root and <pool>/contai
 MODELS = "models"  # the scale sets' models as the publisher writes them (DirectoryModels)
 PUBLISHER_CONFIG = "join-tokens.json"
 PUBLISHER_KUBECONFIG = "join-tokens.kubeconfig"
-BAKE_VARS = {"kubelet_write_bootstrap_kubeconfig": False}
-"""What a bake changes of a converge: no bootstrap kubeconfig (an image carries no join credential)."""
-GENERALIZED = (
-    "etc/hostname",
-    "etc/machine-id",
-    "etc/ssh/ssh_host_*",
-    "root/.ssh",
-    "var/lib/kubelet/pki",
-    "var/lib/superkube-lab",
-    "var/log/journal/*",
-    cloudinit.BOOTSTRAP_KUBECONFIG.lstrip("/"),
-)
-"""Left out of an image: what is the builder's own (names, keys, node credentials, its GPUs' lab
-reading, logs). cloud-init's files are left out too: each instance writes them from its custom data."""
 RUNCMD = [
     ["systemctl", "daemon-reload"],
     ["systemctl", "enable", "--now", Path(cloudinit.JOIN_PATH_UNIT).name],
@@ -116,9 +103,10 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def generalize(root: Path, pool_files: Iterable[str]) -> list[str]:
-    """Remove the builder's own state from an image root; returns what it removed."""
+    """Remove what is still the builder's own from a captured root (generalize.yml ran on the host;
+    its shutdown can still write, a journal file say); returns what it removed."""
     removed = []
-    for pattern in (*GENERALIZED, *(p.lstrip("/") for p in pool_files)):
+    for pattern in (p.lstrip("/") for p in baking.generalized(pool_files) if p != "/etc/machine-id"):
         for path in root.glob(pattern):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -127,6 +115,12 @@ def generalize(root: Path, pool_files: Iterable[str]) -> list[str]:
             removed.append("/" + str(path.relative_to(root)))
     (root / "etc" / "machine-id").write_text("")  # systemd makes a new one at first boot
     return removed
+
+
+def _check(result: Any, what: str) -> None:
+    if not result.ok:
+        why = "; ".join(f"{h}: {r.task}: {r.message}" for h, r in result.hosts.items() if not r.healthy)
+        raise LabError(f"{what} failed ({why or 'see the runner output'})")
 
 
 def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: None) -> Path:
@@ -147,19 +141,26 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
         lab.save()
         hosts.wait_ready(lab, builder, time.monotonic() + 120)
         progress(f"{name}: converging the node roles (site.yml, this host alone)")
-        result = runner.converge(lab.inventory, limit=name, extra_vars=dict(BAKE_VARS))
-        if not result.ok:
-            why = "; ".join(f"{h}: {r.task}: {r.message}" for h, r in result.hosts.items() if not r.healthy)
-            raise LabError(f"baking {pool}: converge of {name} failed ({why or 'see the runner output'})")
+        result = runner.converge(lab.inventory, limit=name, extra_vars=dict(baking.BAKE_VARS))
+        _check(result, f"baking {pool}: converge of {name}")
+        progress(f"{name}: generalizing it ({baking.GENERALIZE_PLAYBOOK})")
+        files = lab.cloud_init.get(pool, {})
+        result = runner.converge(
+            lab.inventory,
+            playbook=baking.GENERALIZE_PLAYBOOK,
+            limit=name,
+            extra_vars=baking.generalize_vars(name, files),
+        )
+        _check(result, f"baking {pool}: generalizing {name}")
         hosts._terminate(builder.pid)
         builder.pid = None
         progress(f"{name}: capturing its root and containerd store")
         shutil.rmtree(target, ignore_errors=True)  # a bake that stopped halfway left it unfinished
         _copy(root, target / "root")
         _copy(hosts._host_dir(lab, builder) / "containerd", target / "containerd")
-        removed = generalize(target / "root", lab.cloud_init.get(pool, {}))
+        swept = generalize(target / "root", files)
         (target / "image.json").write_text(
-            json.dumps({"pool": pool, "baked_at": time.time(), "generalized": removed}, indent=2)
+            json.dumps({"pool": pool, "baked_at": time.time(), "swept_after_capture": swept}, indent=2)
         )
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)  # this bake's own folder, never an earlier image
