@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import typer
 
-from superkube.cli import check, etcd, fleet, health, job, lab, monitoring, plan
+from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan
 from superkube.cli.common import err
 
 app = typer.Typer(
@@ -35,6 +35,7 @@ app.add_typer(etcd.etcd_app, name="etcd")
 app.add_typer(monitoring.monitoring_app, name="monitoring")
 app.add_typer(health.health_app, name="health")
 app.add_typer(job.job_app, name="job")
+app.add_typer(image.image_app, name="image")
 
 
 def main() -> NoReturn:

@@ -120,6 +120,13 @@ class NodePool(_Model):
         description="Marketplace image as publisher:offer:sku:version, or gallery:<major.minor.patch>: that "
         "version of the cluster's baked node image for the pool's kind.",
     )
+    base_image: str | None = Field(
+        default=None,
+        pattern=r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$",
+        description="Marketplace image (publisher:offer:sku:version) a bake of this pool's node image "
+        "starts its builder VM from (superkube image capture). Default: the pool's image, when that is "
+        "a marketplace image.",
+    )
     os_disk_gb: int = Field(default=256, ge=64, le=4095, description="OS disk size in GiB.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra node labels.")
     taints: list[str] = Field(default_factory=list, description="Extra taints as key=value:Effect.")

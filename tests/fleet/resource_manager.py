@@ -1,0 +1,310 @@
+"""A loopback Azure Resource Manager for the operator jobs' tests (no Azure can be reached here).
+
+It holds resources by path and keeps the rules Resource Manager enforces that the jobs depend on,
+as Azure documents them, so a job that takes a step out of order fails here as it would there:
+- every request needs `api-version` and the bearer token it was given (401 otherwise);
+- a VM's creation, deletion and deallocation are long-running: creation and deletion answer with an
+  `Azure-AsyncOperation` URL, deallocation with a `Location` URL, each polled some times before done;
+- `generalize` is refused (409 OperationNotAllowed) while the VM is running, and a generalized VM
+  cannot be started;
+- a gallery image version from a VM that is not generalized is refused (400 BadRequest: a different
+  OS state than its definition's Generalized), and a version's creation is long-running too;
+- deleting a VM deletes its NIC and OS disk when their deleteOption is Delete;
+- `throttle` answers the next requests with 429 and `Retry-After: 0`.
+It is a stand-in for what cannot run here, and says so in the README; what it answers follows from
+those rules, never from what a test expects."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+TOKEN = "test-token"
+POLLS = 2  # polls an operation answers "in progress" before it is done
+
+
+class ResourceManager(ThreadingHTTPServer):
+    def __init__(self, token: str = TOKEN) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.token = token
+        self.resources: dict[str, dict[str, Any]] = {}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request that was let in
+        self.throttle = 0
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def __enter__(self) -> ResourceManager:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
+
+    def add(self, path: str, body: dict[str, Any]) -> None:
+        self.resources[path.lower()] = {"id": path, "name": path.rsplit("/", 1)[-1], **body}
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.resources.get(path.lower())
+
+    def writes(self) -> list[tuple[str, str]]:
+        """The requests that change something (not GETs), in order."""
+        return [(m, p) for m, p in self.requests if m != "GET"]
+
+    # --- what each long-running operation does when it is done -----------------------------------
+
+    def operation(self, done: Any, status: str = "Succeeded") -> str:
+        op = str(next(self._ids))
+        self.operations[op] = {"polls": POLLS, "done": done, "status": status}
+        return op
+
+
+VM = re.compile(r"^(?P<group>/subscriptions/[^/]+/resourcegroups/[^/]+)/providers/microsoft\.compute/virtualmachines/(?P<name>[^/]+)(?P<action>/deallocate|/generalize|/start|/instanceview)?$")  # fmt: skip
+VERSION = re.compile(r"^.*/providers/microsoft\.compute/galleries/[^/]+/images/[^/]+/versions/[^/]+$")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ResourceManager
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _answer(self, code: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, error: str, message: str) -> None:
+        self._answer(code, {"error": {"code": error, "message": message}})
+
+    def _admit(self) -> tuple[str, dict[str, Any]] | None:
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        if self.headers.get("Authorization") != f"Bearer {self.server.token}":
+            self._error(401, "InvalidAuthenticationToken", "The access token is invalid.")
+            return None
+        if self.server.throttle > 0:
+            self.server.throttle -= 1
+            self._answer(
+                429, {"error": {"code": "TooManyRequests", "message": "throttled"}}, {"Retry-After": "0"}
+            )
+            return None
+        if "api-version" not in query and not url.path.startswith("/operations/"):
+            self._error(400, "MissingApiVersionParameter", "The api-version query parameter is required.")
+            return None
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        self.server.requests.append((self.command, url.path))
+        return url.path, body
+
+    def do_GET(self) -> None:
+        admitted = self._admit()
+        if admitted is None:
+            return
+        path, _ = admitted
+        s = self.server
+        with s.lock:
+            if path.startswith("/operations/"):
+                return self._poll(path)
+            vm = VM.match(path.lower())
+            if vm and vm["action"] == "/instanceview":
+                found = s.get(path.lower().removesuffix("/instanceview"))
+                if found is None:
+                    return self._error(404, "ResourceNotFound", f"{path} was not found")
+                codes = ["ProvisioningState/succeeded", f"PowerState/{found['_power']}"]
+                if found.get("_generalized"):
+                    codes.append("OSState/generalized")
+                return self._answer(200, {"statuses": [{"code": c} for c in codes]})
+            found = s.get(path)
+            if found is None:
+                return self._error(404, "ResourceNotFound", f"{path} was not found")
+            return self._answer(200, {k: v for k, v in found.items() if not k.startswith("_")})
+
+    def _poll(self, path: str) -> None:
+        op_id, _, kind = path.removeprefix("/operations/").partition("/")
+        op = self.server.operations.get(op_id)
+        if op is None:
+            return self._error(404, "OperationNotFound", path)
+        if op["polls"] > 0:
+            op["polls"] -= 1
+            if kind == "result":  # a Location URL: 202 until done
+                return self._answer(202, None, {"Location": self._url(path), "Retry-After": "0"})
+            return self._answer(200, {"status": "InProgress"}, {"Retry-After": "0"})
+        if op["done"] is not None:
+            op["done"]()
+            op["done"] = None
+        if kind == "result":
+            return self._answer(200 if op["status"] == "Succeeded" else 500, None)
+        return self._answer(200, {"status": op["status"]})
+
+    def _url(self, path: str) -> str:
+        return f"{self.server.url}{path}"
+
+    def do_PUT(self) -> None:
+        admitted = self._admit()
+        if admitted is None:
+            return
+        path, body = admitted
+        with self.server.lock:
+            if VM.match(path.lower()):
+                return self._put_vm(path, body)
+            if VERSION.match(path.lower()):
+                return self._put_version(path, body)
+            self._error(400, "NotSupportedHere", f"PUT {path}")
+
+    def _put_vm(self, path: str, body: dict[str, Any]) -> None:
+        s = self.server
+        props = body.get("properties") or {}
+        try:
+            nic = props["networkProfile"]["networkInterfaceConfigurations"][0]
+            subnet = nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
+            props["hardwareProfile"]["vmSize"], props["storageProfile"]["imageReference"]["publisher"]
+            props["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"]
+        except (KeyError, IndexError, TypeError) as exc:
+            return self._error(400, "InvalidParameter", f"the VM's body lacks {exc}")
+        if s.get(subnet) is None:
+            return self._error(400, "InvalidResourceReference", f"subnet {subnet} was not found")
+        if not body.get("location"):
+            return self._error(400, "LocationRequired", "The location property is required.")
+        if s.get(path) is not None:
+            return self._error(409, "OperationNotAllowed", "changing a VM is not modelled here")
+        group = VM.match(path.lower())["group"]  # type: ignore[index]
+        name = path.rsplit("/", 1)[-1]
+        nic_path = f"{group}/providers/Microsoft.Network/networkInterfaces/{nic['name']}"
+        disk_path = f"{group}/providers/Microsoft.Compute/disks/{name}_OsDisk_1"
+        s.add(nic_path, {"properties": {"ipConfigurations": [{"properties": {"privateIPAddress": "10.1.0.250", "subnet": {"id": subnet}}}]}})  # fmt: skip
+        s.add(disk_path, {"properties": {"diskState": "Attached"}})
+        stored = json.loads(json.dumps(body))
+        stored["properties"]["provisioningState"] = "Creating"
+        stored["properties"]["networkProfile"]["networkInterfaces"] = [
+            {"id": nic_path, "properties": {"deleteOption": nic["properties"].get("deleteOption", "Detach")}}
+        ]
+        stored["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = disk_path
+        s.add(path, {**stored, "_power": "starting"})
+
+        def done() -> None:
+            vm = s.get(path)
+            if vm is not None:
+                vm["properties"]["provisioningState"] = "Succeeded"
+                vm["_power"] = "running"
+
+        op = s.operation(done)
+        answer = {k: v for k, v in s.get(path).items() if not k.startswith("_")}  # type: ignore[union-attr]
+        self._answer(
+            201, answer, {"Azure-AsyncOperation": self._url(f"/operations/{op}"), "Retry-After": "0"}
+        )
+
+    def _put_version(self, path: str, body: dict[str, Any]) -> None:
+        s = self.server
+        definition = s.get(path.rsplit("/versions/", 1)[0])
+        if definition is None:
+            return self._error(404, "ParentResourceNotFound", "the image definition was not found")
+        if s.get(path) is not None:
+            return self._error(409, "Conflict", "changing a version's source is not allowed")
+        source = ((body.get("properties") or {}).get("storageProfile") or {}).get("source") or {}
+        vm = s.get(source.get("virtualMachineId") or "")
+        if vm is None:
+            return self._error(400, "InvalidParameter", "the source virtual machine was not found")
+        state = "Generalized" if vm.get("_generalized") else "Specialized"
+        wanted = definition["properties"]["osState"]
+        if state != wanted:
+            return self._error(
+                400,
+                "BadRequest",
+                f"The resource with id '{vm['id']}' has a different OS state ['{state}'] than the parent "
+                f"gallery image OS state ['{wanted}'].",
+            )
+        s.add(path, {**body, "properties": {**body["properties"], "provisioningState": "Creating"}})
+
+        def done() -> None:
+            s.get(path)["properties"]["provisioningState"] = "Succeeded"  # type: ignore[index]
+
+        op = s.operation(done)
+        answer = {k: v for k, v in s.get(path).items() if not k.startswith("_")}  # type: ignore[union-attr]
+        self._answer(201, answer, {"Azure-AsyncOperation": self._url(f"/operations/{op}")})
+
+    def do_POST(self) -> None:
+        admitted = self._admit()
+        if admitted is None:
+            return
+        path, _ = admitted
+        s = self.server
+        with s.lock:
+            vm = VM.match(path.lower())
+            found = s.get(path.rsplit("/", 1)[0]) if vm and vm["action"] else None
+            if found is None:
+                return self._error(404, "ResourceNotFound", f"{path} was not found")
+            name = found["name"]
+            if vm["action"] == "/deallocate":  # type: ignore[index]
+                found["_power"] = "deallocating"
+
+                def done() -> None:
+                    found["_power"] = "deallocated"
+
+                op = s.operation(done)
+                return self._answer(202, None, {"Location": self._url(f"/operations/{op}/result")})
+            if vm["action"] == "/generalize":  # type: ignore[index]
+                if found["_power"] not in ("stopped", "deallocated"):
+                    return self._error(
+                        409,
+                        "OperationNotAllowed",
+                        f"Operation 'generalize' is not allowed on VM '{name}' since the VM is running. "
+                        "Please power off explicitly in case you shut down the VM from inside the guest "
+                        "operating system.",
+                    )
+                found["_generalized"] = True
+                return self._answer(200)
+            if vm["action"] == "/start":  # type: ignore[index]
+                if found.get("_generalized"):
+                    return self._error(
+                        409,
+                        "OperationNotAllowed",
+                        f"Operation 'start' is not allowed on VM '{name}' since the VM is generalized.",
+                    )
+                found["_power"] = "running"
+                return self._answer(200)
+        self._error(400, "NotSupportedHere", f"POST {path}")
+
+    def do_DELETE(self) -> None:
+        admitted = self._admit()
+        if admitted is None:
+            return
+        path, _ = admitted
+        s = self.server
+        with s.lock:
+            found = s.get(path)
+            if found is None:
+                return self._answer(204)
+            if VM.match(path.lower()):
+                found["properties"]["provisioningState"] = "Deleting"
+
+                def done() -> None:
+                    props = found["properties"]
+                    for nic in props["networkProfile"].get("networkInterfaces", []):
+                        if nic["properties"]["deleteOption"] == "Delete":
+                            s.resources.pop(nic["id"].lower(), None)
+                    disk = props["storageProfile"]["osDisk"]
+                    if disk.get("deleteOption") == "Delete":
+                        s.resources.pop(disk["managedDisk"]["id"].lower(), None)
+                    s.resources.pop(path.lower(), None)
+
+                op = s.operation(done)
+                return self._answer(202, None, {"Azure-AsyncOperation": self._url(f"/operations/{op}")})
+            s.resources.pop(path.lower())
+            self._answer(200)
