@@ -10,6 +10,10 @@ as Azure documents them, so a job that takes a step out of order fails here as i
 - a gallery image version from a VM that is not generalized is refused (400 BadRequest: a different
   OS state than its definition's Generalized), and a version's creation is long-running too;
 - deleting a VM deletes its NIC and OS disk when their deleteOption is Delete;
+- a scale set's instances are listed a page at a time (`nextLink`); power off, manual upgrade and
+  start take `instanceIds` and are long-running (`Location`); a manual upgrade gives an instance the
+  model's image reference (its OS disk made again from it), and `on_power_off` / `on_start` let a
+  test play the instances' guests (a kubelet stopping, a new one registering);
 - `throttle` answers the next requests with 429 and `Retry-After: 0`.
 It is a stand-in for what cannot run here, and says so in the README; what it answers follows from
 those rules, never from what a test expects."""
@@ -36,6 +40,9 @@ class ResourceManager(ThreadingHTTPServer):
         self.operations: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request that was let in
         self.throttle = 0
+        self.page_size = 2  # instances per page of a scale set's list (nextLink beyond)
+        self.on_power_off: Any = lambda names: None  # what the guests do: the old kubelet stops
+        self.on_start: Any = lambda names: None  # the new image boots: its kubelet registers
         self.lock = threading.Lock()
         self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -58,6 +65,27 @@ class ResourceManager(ThreadingHTTPServer):
     def get(self, path: str) -> dict[str, Any] | None:
         return self.resources.get(path.lower())
 
+    def instances(self, scale_set: str) -> list[dict[str, Any]]:
+        prefix = f"{scale_set.lower()}/virtualmachines/"
+        found = [v for k, v in self.resources.items() if k.startswith(prefix)]
+        return sorted(found, key=lambda v: int(v["instanceId"]))
+
+    def add_instance(
+        self, scale_set: str, instance_id: str, computer_name: str, image: dict[str, Any]
+    ) -> None:
+        self.add(
+            f"{scale_set}/virtualMachines/{instance_id}",
+            {
+                "instanceId": instance_id,
+                "properties": {
+                    "osProfile": {"computerName": computer_name},
+                    "storageProfile": {"imageReference": dict(image)},
+                    "latestModelApplied": False,
+                },
+                "_power": "running",
+            },
+        )
+
     def writes(self) -> list[tuple[str, str]]:
         """The requests that change something (not GETs), in order."""
         return [(m, p) for m, p in self.requests if m != "GET"]
@@ -71,6 +99,8 @@ class ResourceManager(ThreadingHTTPServer):
 
 
 VM = re.compile(r"^(?P<group>/subscriptions/[^/]+/resourcegroups/[^/]+)/providers/microsoft\.compute/virtualmachines/(?P<name>[^/]+)(?P<action>/deallocate|/generalize|/start|/instanceview)?$")  # fmt: skip
+SCALE_SET = re.compile(r"^.*/providers/microsoft\.compute/virtualmachinescalesets/[^/]+$")
+SCALE_SET_ACTION = re.compile(r"^(?P<set>.*/providers/microsoft\.compute/virtualmachinescalesets/[^/]+)/(?P<action>poweroff|manualupgrade|start|virtualmachines)$")  # fmt: skip
 VERSION = re.compile(r"^.*/providers/microsoft\.compute/galleries/[^/]+/images/[^/]+/versions/[^/]+$")
 
 
@@ -122,6 +152,9 @@ class _Handler(BaseHTTPRequestHandler):
         with s.lock:
             if path.startswith("/operations/"):
                 return self._poll(path)
+            listing = SCALE_SET_ACTION.match(path.lower())
+            if listing and listing["action"] == "virtualmachines":
+                return self._list(listing["set"])
             vm = VM.match(path.lower())
             if vm and vm["action"] == "/instanceview":
                 found = s.get(path.lower().removesuffix("/instanceview"))
@@ -135,6 +168,54 @@ class _Handler(BaseHTTPRequestHandler):
             if found is None:
                 return self._error(404, "ResourceNotFound", f"{path} was not found")
             return self._answer(200, {k: v for k, v in found.items() if not k.startswith("_")})
+
+    def _list(self, scale_set: str) -> None:
+        s = self.server
+        if s.get(scale_set) is None:
+            return self._error(404, "ResourceNotFound", f"{scale_set} was not found")
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(self.path).query))
+        start = int(query.get("skip", 0))
+        items = s.instances(scale_set)
+        page = [
+            {k: v for k, v in i.items() if not k.startswith("_")} for i in items[start : start + s.page_size]
+        ]
+        body: dict[str, Any] = {"value": page}
+        if start + s.page_size < len(items):
+            path = urllib.parse.urlsplit(self.path).path
+            body["nextLink"] = f"{s.url}{path}?api-version={query['api-version']}&skip={start + s.page_size}"
+        self._answer(200, body)
+
+    def _scale_set_action(self, scale_set: str, action: str, body: dict[str, Any]) -> None:
+        s = self.server
+        model = s.get(scale_set)
+        if model is None:
+            return self._error(404, "ResourceNotFound", f"{scale_set} was not found")
+        ids = body.get("instanceIds")
+        if not ids:
+            return self._error(400, "InvalidParameter", "instanceIds is required")
+        chosen = [s.get(f"{scale_set}/virtualmachines/{i}") for i in ids]
+        if any(c is None for c in chosen):
+            return self._error(404, "NotFound", f"an instance of {ids} was not found")
+        names = [c["properties"]["osProfile"]["computerName"] for c in chosen]  # type: ignore[index]
+
+        def done() -> None:
+            for c in chosen:
+                assert c is not None
+                if action == "poweroff":
+                    c["_power"] = "stopped"
+                elif action == "manualupgrade":
+                    image = model["properties"]["virtualMachineProfile"]["storageProfile"]["imageReference"]
+                    c["properties"]["storageProfile"]["imageReference"] = dict(image)
+                    c["properties"]["latestModelApplied"] = True
+                elif action == "start":
+                    c["_power"] = "running"
+            if action == "poweroff":
+                s.on_power_off(names)
+            if action == "start":
+                s.on_start(names)
+
+        op = s.operation(done)
+        self._answer(202, None, {"Location": self._url(f"/operations/{op}/result"), "Retry-After": "0"})
 
     def _poll(self, path: str) -> None:
         op_id, _, kind = path.removeprefix("/operations/").partition("/")
@@ -243,9 +324,12 @@ class _Handler(BaseHTTPRequestHandler):
         admitted = self._admit()
         if admitted is None:
             return
-        path, _ = admitted
+        path, body = admitted
         s = self.server
         with s.lock:
+            action = SCALE_SET_ACTION.match(path.lower())
+            if action and action["action"] != "virtualmachines":
+                return self._scale_set_action(action["set"], action["action"], body)
             vm = VM.match(path.lower())
             found = s.get(path.rsplit("/", 1)[0]) if vm and vm["action"] else None
             if found is None:

@@ -155,6 +155,23 @@ class Kube:
         ).items
         return [self._plain(p) for p in items]
 
+    def nodes(self, selector: str) -> list[dict[str, Any]]:
+        """The Nodes whose labels match `selector` (e.g. superkube.io/pool=gpu)."""
+        items = self.core.list_node(label_selector=selector, _request_timeout=30).items
+        return [self._plain(n) for n in items]
+
+    def delete_node(self, name: str) -> bool:
+        """Delete the Node; False when there was none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_node(name, _request_timeout=30)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
     def patch_node(self, name: str, body: Any) -> None:
         """A merge patch (a mapping) or a JSON patch (a list of operations) of the node."""
         self.core.patch_node(name, body, _request_timeout=10)

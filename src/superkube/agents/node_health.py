@@ -95,13 +95,17 @@ def cordoned_by_us(node: Mapping[str, Any]) -> bool:
     return annotated and bool((node.get("spec") or {}).get("unschedulable"))
 
 
-def evictable(pods: Iterable[Mapping[str, Any]]) -> tuple[PodRef, ...]:
+def evictable(
+    pods: Iterable[Mapping[str, Any]], protected: Iterable[str] = PROTECTED_NAMESPACES
+) -> tuple[PodRef, ...]:
     """The pods a drain moves: not DaemonSet pods (they come back), not mirror pods (the kubelet's
-    own), not pods that have finished, none in the protected namespaces."""
+    own), not pods that have finished, none in the `protected` namespaces (health's drain leaves the
+    system alone; a roll, whose node goes away, protects none)."""
+    kept = frozenset(protected)
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if meta.get("namespace", "default") in PROTECTED_NAMESPACES:
+        if meta.get("namespace", "default") in kept:
             continue
         owners = meta.get("ownerReferences") or []
         if any(o.get("kind") == "DaemonSet" for o in owners):

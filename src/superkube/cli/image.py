@@ -88,3 +88,73 @@ def image_capture(
             f"{escape(made['image'])} and run pulumi up, then roll the pool",
             highlight=False,
         )
+
+
+@image_app.command("roll")
+def image_roll(
+    pool: Annotated[str, typer.Argument(help="The pool to roll onto the image its scale sets' model names.")],
+    kubeconfig: Annotated[
+        Path, typer.Option("--kubeconfig", help="The cluster's admin kubeconfig (pki/admin.kubeconfig).")
+    ],
+    stack: StackOpt = "dev",
+    subscription: Annotated[
+        str,
+        typer.Option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="The cluster's subscription ID."),
+    ] = "",
+    batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Nodes replaced at a time.")] = 2,
+    timeout: Annotated[
+        int, typer.Option("--timeout", min=30, help="Seconds a batch has from its drain to being in service.")
+    ] = 1800,
+    drain_timeout: Annotated[
+        int, typer.Option("--drain-timeout", min=10, help="Seconds a node's drain may take.")
+    ] = 900,
+    project: ProjectOpt = None,
+    arm_url: Annotated[str, typer.Option("--arm-url", hidden=True)] = "",
+    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+) -> None:
+    """Replace POOL's instances not on its model's image in health-gated batches: cordon and drain a
+    batch, power it off, delete its Nodes, upgrade and start it, and wait for Ready and preflight; stop
+    on a failed batch (Azure only)."""
+    from superkube.agents.kubeapi import Kube
+    from superkube.cluster import roll
+    from superkube.fleet import arm, scalesets
+    from superkube.plan import engine as planning
+
+    if not subscription:
+        fail("give the cluster's subscription: --subscription ID, or set AZURE_SUBSCRIPTION_ID")
+    if not kubeconfig.is_file():
+        fail(
+            f"--kubeconfig {kubeconfig}: no such file; converge writes pki/admin.kubeconfig beside the inventory"
+        )
+    try:
+        _, spec, addresses = planning.load(project_dir(project), stack)
+    except SpecError as exc:
+        fail(str(exc))
+    sets = [s.name for s in addresses.scale_sets if s.pool == pool]
+    if not sets:
+        known = ", ".join(sorted(p.name for p in spec.node_pools))
+        fail(f"pool {pool!r}: the stack has no such pool (pools: {known})")
+    try:
+        kube = Kube(str(kubeconfig))
+    except Exception as exc:  # the client's own errors for a kubeconfig it cannot use
+        fail(f"--kubeconfig {kubeconfig}: {str(exc).splitlines()[0][:200]}")
+    say = lambda what: err.print(escape(what), highlight=False)  # noqa: E731
+    group = f"/subscriptions/{subscription}/resourceGroups/rg-{addresses.cluster}"
+    client = arm.Arm(base=arm_url or os.environ.get("SUPERKUBE_ARM_URL") or arm.ARM)
+    scale_sets = scalesets.ScaleSetPool(client, kube, group, pool, sets, drain_timeout, say)
+    try:
+        version = scale_sets.model_version()
+        report = roll.roll(scale_sets, version, batch, timeout, say)
+    except (roll.RollError, arm.ArmError) as exc:
+        fail(str(exc), code=1)
+    if output is Output.json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        for i, b in enumerate(report.batches, 1):
+            out.print(
+                f"batch {i}: {', '.join(b.nodes)}: {b.state}"
+                + (f" in {b.seconds:.0f} s" if b.seconds else "")
+            )
+    err.print(escape(report.summary()), highlight=False)
+    if not report.ok:
+        raise typer.Exit(1)

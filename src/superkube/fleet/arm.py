@@ -81,6 +81,16 @@ class Arm:
         answer = self._send("GET", self.url(path, api), None, f"GET {path}", missing_ok=True)
         return None if answer.status == 404 else answer.body
 
+    def list(self, path: str, api: str) -> list[Any]:
+        """Every item of a collection, following `nextLink` page after page."""
+        items: list[Any] = []
+        url: str | None = self.url(path, api)
+        while url:
+            body = self._send("GET", url, None, f"GET {path}").body or {}
+            items.extend(body.get("value") or [])
+            url = body.get("nextLink")
+        return items
+
     def put(self, path: str, api: str, body: Mapping[str, Any], what: str) -> Any:
         """Create or replace the resource, and wait until it is provisioned; the resource then."""
         answer = self._send("PUT", self.url(path, api), body, what)
