@@ -29,6 +29,7 @@ VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 PREFLIGHT = PREFLIGHT_TAINT_KEY
 JOIN_TOKENS_VAR = "superkube_join_tokens"  # the publisher's lifetime settings, as the inventory gives them
+CONVERGE_TOKEN_VAR = "kube_pki_bootstrap_token_hours"  # the lifetime of converge's own bootstrap token
 
 
 def _os_profile(r: PlanResource) -> dict:
@@ -216,6 +217,18 @@ def _join_token_lifetime(view: StackView, config: RuleConfig) -> Iterator[Findin
         join.check_lifetime(float(settings.get("ttl_s", 0)), float(settings.get("rotate_s", 0)))
     except (TypeError, ValueError) as exc:
         yield Finding(f"join tokens: {exc}")
+    # converge's own token (kube_pki): the role's default is a day; a group variable may change it
+    hours = config.group_vars.get(CONVERGE_TOKEN_VAR)
+    if hours is not None:
+        try:
+            ok = 0 < float(hours) * 3600 <= join.MAX_TTL_S
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            yield Finding(
+                f"converge's bootstrap token: {CONVERGE_TOKEN_VAR} {hours!r} must be above 0 and at most "
+                f"{join.MAX_TTL_S // 3600}: a bootstrap token must be short-lived"
+            )
 
 
 def _join_jitter(view: StackView, config: RuleConfig) -> Iterator[Finding]:
@@ -295,9 +308,10 @@ RULES = [
         "compute-join-token-short-lived",
         "critical",
         f"Every join token the publisher issues expires, within a day ({join.MAX_TTL_S // 3600} h), and a new one is published before "
-        "the last expires: a leaked token mints node identities until it does.",
+        "the last expires; converge's own bootstrap token expires within a day too: a leaked token mints node "
+        "identities until it does.",
         f"Drop the {JOIN_TOKENS_VAR} group variable, or set ttl_s above 0 and at most {join.MAX_TTL_S} and "
-        "rotate_s below ttl_s.",
+        f"rotate_s below ttl_s; drop {CONVERGE_TOKEN_VAR}, or set it between 1 and {join.MAX_TTL_S // 3600}.",
         _join_token_lifetime,
     ),
 ]

@@ -57,6 +57,7 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
         first(engine, "apiservers"),
         "bootstrap.yaml.j2",
         kube_apiserver_bootstrap_token="abcdef.0123456789abcdef",
+        kube_apiserver_bootstrap_token_expires="2026-11-28T12:00:00Z",
     )
     documents = list(yaml.safe_load_all(text))
     _validate(documents)
@@ -66,6 +67,7 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
     groups = {s["name"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]}
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert (data["token-id"], data["token-secret"]) == ("abcdef", "0123456789abcdef")
+    assert data["expiration"] == "2026-11-28T12:00:00Z"  # kube_pki's lifetime for it
     assert groups == {data["auth-extra-groups"], "system:nodes"}
     # `data`, never `stringData`: a server-side re-apply of stringData conflicts with itself
     assert "stringData" not in secret

@@ -148,6 +148,32 @@ def test_a_key_pair_is_made_once_and_its_public_half_matches(tmp_path: Path) -> 
     assert oct(Path(first["key"]).stat().st_mode & 0o777) == "0o600"
 
 
+def test_a_bootstrap_token_expires_and_is_made_again_when_half_its_life_is_gone(tmp_path: Path) -> None:
+    import datetime
+
+    utc = datetime.UTC
+    start = datetime.datetime(2026, 11, 27, 12, 0, tzinfo=utc)
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    first = cert_module._ensure_token(pki, "bootstrap", 24, now=start)
+    assert first["changed"] and first["expires"] == "2026-11-28T12:00:00Z"
+    assert (pki / "bootstrap.token.expires").read_text().strip() == "2026-11-28T12:00:00Z"
+    later = cert_module._ensure_token(pki, "bootstrap", 24, now=start + datetime.timedelta(hours=11))
+    assert not later["changed"] and later["token_id"] == first["token_id"]
+    assert not (pki / "bootstrap.token.previous").exists()
+    # with less than half of its day left, a converge makes the next one and names the one it replaced
+    rotated = cert_module._ensure_token(pki, "bootstrap", 24, now=start + datetime.timedelta(hours=13))
+    assert rotated["changed"] and rotated["token_id"] != first["token_id"]
+    assert rotated["expires"] == "2026-11-29T01:00:00Z"
+    assert (pki / "bootstrap.token.previous").read_text().strip() == first["token_id"]
+    # a token an older release made has no expiry on record: it is replaced at once
+    (pki / "bootstrap.token.expires").unlink()
+    again = cert_module._ensure_token(pki, "bootstrap", 24, now=start + datetime.timedelta(hours=14))
+    assert again["changed"] and (pki / "bootstrap.token.previous").read_text().strip() == rotated["token_id"]
+    with pytest.raises(ValueError, match="a bootstrap token must expire"):
+        cert_module._ensure_token(pki, "bootstrap", 0)
+
+
 def test_a_bootstrap_token_is_made_once_in_the_kubernetes_form(tmp_path: Path) -> None:
     import re
 
