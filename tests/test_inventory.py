@@ -48,6 +48,11 @@ def test_groups_and_host_vars_from_the_recorded_tags(flagship_plan: Plan, tmp_pa
     assert evaluate(expr["superkube_cluster"]) == "flagship"
     assert evaluate(expr["superkube_cluster_cidrs"]) == ["10.64.0.0/15", "10.0.0.0/22", "10.128.0.0/16"]
     assert evaluate(expr["ansible_host"], private_ipv4_addresses=["10.65.16.5"]) == "10.65.16.5"
+    # a capture's builder carries its pool's tags, but never gets a join credential from a converge
+    node = next(r.inputs["tags"] for r in machines if r.inputs["tags"].get("superkube-pool"))
+    assert evaluate(expr["kubelet_write_bootstrap_kubeconfig"], tags=node) is True
+    builder = {**node, "superkube-builder": "1.4.0"}
+    assert evaluate(expr["kubelet_write_bootstrap_kubeconfig"], tags=builder) is False
 
 
 def test_inventory_file_name_must_suit_the_plugin(tmp_path: Path) -> None:

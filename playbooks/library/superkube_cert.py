@@ -6,7 +6,7 @@ no longer matches its key, the CA, its names, organizations or usages, or expire
 `renew_within_days`. Two more kinds of credential live beside the certificates and are made once:
 a key pair (the service-account signing key: `<name>.key` and `<name>.pub`) and a kubelet bootstrap
 token (`<name>.token`, `[a-z0-9]{6}.[a-z0-9]{16}`, with its expiry in `<name>.token.expires`: made
-again when less than half its lifetime is left). Runs delegated to the controller; concurrent
+again when less than half its lifetime is left, by a converge that reaches an API server). Runs delegated to the controller; concurrent
 runs (one per host) serialise on a lock in ca_dir.
 """
 
@@ -63,6 +63,10 @@ options:
     type: int
     default: 24
     description: Lifetime of a bootstrap token; a new one is made when less than half is left.
+  token_rotate:
+    type: bool
+    default: true
+    description: Whether a token due may be replaced (false when no API server is in the play).
   ca_days: {type: int, default: 3650, description: Validity of the CA when it is created.}
   renew_within_days: {type: int, default: 30, description: Re-issue when fewer days than this remain.}
 author: superkube
@@ -250,16 +254,15 @@ def _ensure_keypair(ca_dir, name):
     return {"changed": created, "key": str(key_path), "pub": str(pub_path)}
 
 
-def _ensure_token(ca_dir, name, hours, now=None):
+def _ensure_token(ca_dir, name, hours, now=None, rotate=True):
     """<name>.token, a kubelet bootstrap token id.secret, valid for `hours` from when it was made
     (<name>.token.expires, RFC 3339). A new one is made when it has less than half of that left (or
-    no expiry on record: a token of an older superkube never expired); the one it replaces is named
-    in <name>.token.previous, for the cluster to delete its Secret."""
+    no expiry on record: a token of an older superkube never expired), if `rotate` allows: a converge
+    that reaches no API server cannot put the new one into the cluster, so it keeps the old."""
     if hours < 1:
         raise ValueError(f"token {name}: token_hours {hours}: a bootstrap token must expire; give 1 or more")
     now = now or datetime.datetime.now(datetime.UTC)
     path, expires_path = ca_dir / f"{name}.token", ca_dir / f"{name}.token.expires"
-    old = None
     if path.exists():
         token = path.read_text().strip()
         if (
@@ -270,26 +273,23 @@ def _ensure_token(ca_dir, name, hours, now=None):
             raise ValueError(
                 f"{path} is not a bootstrap token (6 and 16 of a-z0-9, joined by a dot); remove it"
             )
-        old = token
         try:
             expires = datetime.datetime.strptime(expires_path.read_text().strip(), "%Y-%m-%dT%H:%M:%SZ")
             expires = expires.replace(tzinfo=datetime.UTC)
         except (OSError, ValueError):
             expires = None
-        if expires is not None and (expires - now).total_seconds() > hours * 3600 / 2:
+        if not rotate or (expires is not None and (expires - now).total_seconds() > hours * 3600 / 2):
             return {
                 "changed": False,
                 "token_file": str(path),
                 "token_id": token[:6],
-                "expires": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "expires": expires.strftime("%Y-%m-%dT%H:%M:%SZ") if expires else None,
             }
     token = "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(6))
     token += "." + "".join(secrets.choice(TOKEN_ALPHABET) for _ in range(16))
     expires = (now + datetime.timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
     _write(path, token.encode() + b"\n", 0o600)
     _write(expires_path, expires.encode() + b"\n", 0o644)
-    if old is not None and old[:6] != token[:6]:
-        _write(ca_dir / f"{name}.token.previous", old[:6].encode() + b"\n", 0o644)
     return {"changed": True, "token_file": str(path), "token_id": token[:6], "expires": expires}
 
 
@@ -303,7 +303,9 @@ def ensure(params):
         if params["kind"] == "keypair":
             return _ensure_keypair(ca_dir, params["name"])
         if params["kind"] == "token":
-            return _ensure_token(ca_dir, params["name"], params.get("token_hours", 24))
+            return _ensure_token(
+                ca_dir, params["name"], params.get("token_hours", 24), rotate=params.get("token_rotate", True)
+            )
         if not params["common_name"] or not params["ca_common_name"]:
             raise ValueError(f"certificate {params['name']}: common_name and ca_common_name are required")
         ca_cert, ca_key, ca_created = _ensure_ca(ca_dir, params["ca_common_name"], params["ca_days"])
@@ -357,6 +359,7 @@ def main():
             "ca_days": {"type": "int", "default": 3650},
             "renew_within_days": {"type": "int", "default": 30},
             "token_hours": {"type": "int", "default": 24},
+            "token_rotate": {"type": "bool", "default": True},
         },
         supports_check_mode=False,
     )

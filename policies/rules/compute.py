@@ -220,13 +220,10 @@ def _join_token_lifetime(view: StackView, config: RuleConfig) -> Iterator[Findin
     # converge's own token (kube_pki): the role's default is a day; a group variable may change it
     hours = config.group_vars.get(CONVERGE_TOKEN_VAR)
     if hours is not None:
-        try:
-            ok = 0 < float(hours) * 3600 <= join.MAX_TTL_S
-        except (TypeError, ValueError):
-            ok = False
+        ok = isinstance(hours, int) and not isinstance(hours, bool) and 0 < hours * 3600 <= join.MAX_TTL_S
         if not ok:
             yield Finding(
-                f"converge's bootstrap token: {CONVERGE_TOKEN_VAR} {hours!r} must be above 0 and at most "
+                f"converge's bootstrap token: {CONVERGE_TOKEN_VAR} {hours!r} must be whole hours, above 0 and at most "
                 f"{join.MAX_TTL_S // 3600}: a bootstrap token must be short-lived"
             )
 

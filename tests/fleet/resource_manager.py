@@ -14,7 +14,8 @@ as Azure documents them, so a job that takes a step out of order fails here as i
   start take `instanceIds` and are long-running (`Location`); a manual upgrade gives an instance the
   model's image reference (its OS disk made again from it), and `on_power_off` / `on_start` let a
   test play the instances' guests (a kubelet stopping, a new one registering);
-- `throttle` answers the next requests with 429 and `Retry-After: 0`.
+- `throttle` answers the next requests with 429 and `Retry-After: 0`; `fail_next` and `fail_version`
+  make the next VM's or version's creation end Failed, as Azure's operation reports it.
 It is a stand-in for what cannot run here, and says so in the README; what it answers follows from
 those rules, never from what a test expects."""
 
@@ -40,6 +41,8 @@ class ResourceManager(ThreadingHTTPServer):
         self.operations: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request that was let in
         self.throttle = 0
+        self.fail_next = ""  # the next VM creation ends Failed with this code (no capacity, say)
+        self.fail_version = ""  # the next version's creation ends Failed with this code
         self.page_size = 2  # instances per page of a scale set's list (nextLink beyond)
         self.on_power_off: Any = lambda names: None  # what the guests do: the old kubelet stops
         self.on_start: Any = lambda names: None  # the new image boots: its kubelet registers
@@ -92,9 +95,9 @@ class ResourceManager(ThreadingHTTPServer):
 
     # --- what each long-running operation does when it is done -----------------------------------
 
-    def operation(self, done: Any, status: str = "Succeeded") -> str:
+    def operation(self, done: Any, status: str = "Succeeded", error: str = "") -> str:
         op = str(next(self._ids))
-        self.operations[op] = {"polls": POLLS, "done": done, "status": status}
+        self.operations[op] = {"polls": POLLS, "done": done, "status": status, "error": error}
         return op
 
 
@@ -232,7 +235,10 @@ class _Handler(BaseHTTPRequestHandler):
             op["done"] = None
         if kind == "result":
             return self._answer(200 if op["status"] == "Succeeded" else 500, None)
-        return self._answer(200, {"status": op["status"]})
+        body: dict[str, Any] = {"status": op["status"]}
+        if op["error"]:
+            body["error"] = {"code": op["error"], "message": f"the operation failed: {op['error']}"}
+        return self._answer(200, body)
 
     def _url(self, path: str) -> str:
         return f"{self.server.url}{path}"
@@ -279,13 +285,15 @@ class _Handler(BaseHTTPRequestHandler):
         stored["properties"]["storageProfile"]["osDisk"]["managedDisk"]["id"] = disk_path
         s.add(path, {**stored, "_power": "starting"})
 
+        failure, s.fail_next = s.fail_next, ""
+
         def done() -> None:
             vm = s.get(path)
             if vm is not None:
-                vm["properties"]["provisioningState"] = "Succeeded"
-                vm["_power"] = "running"
+                vm["properties"]["provisioningState"] = "Failed" if failure else "Succeeded"
+                vm["_power"] = "stopped" if failure else "running"
 
-        op = s.operation(done)
+        op = s.operation(done, "Failed" if failure else "Succeeded", failure)
         answer = {k: v for k, v in s.get(path).items() if not k.startswith("_")}  # type: ignore[union-attr]
         self._answer(
             201, answer, {"Azure-AsyncOperation": self._url(f"/operations/{op}"), "Retry-After": "0"}
@@ -313,10 +321,12 @@ class _Handler(BaseHTTPRequestHandler):
             )
         s.add(path, {**body, "properties": {**body["properties"], "provisioningState": "Creating"}})
 
-        def done() -> None:
-            s.get(path)["properties"]["provisioningState"] = "Succeeded"  # type: ignore[index]
+        failure, s.fail_version = s.fail_version, ""
 
-        op = s.operation(done)
+        def done() -> None:
+            s.get(path)["properties"]["provisioningState"] = "Failed" if failure else "Succeeded"  # type: ignore[index]
+
+        op = s.operation(done, "Failed" if failure else "Succeeded", failure)
         answer = {k: v for k, v in s.get(path).items() if not k.startswith("_")}  # type: ignore[union-attr]
         self._answer(201, answer, {"Azure-AsyncOperation": self._url(f"/operations/{op}")})
 

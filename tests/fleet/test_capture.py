@@ -156,6 +156,56 @@ def test_a_failed_converge_deletes_the_builder_and_makes_no_version(dev: Any, rm
     assert rm.get(t.image_version) is None and not [p for p in rm.resources if t.builder.lower() in p]
 
 
+def test_a_builder_whose_creation_failed_is_deleted(dev: Any, rm: ResourceManager) -> None:
+    """Azure had no capacity for the size, say: the VM's creation ends Failed, and what it left (the
+    VM, its NIC, its disk) is deleted all the same."""
+    spec, addresses, files = dev
+    t = capture.target(spec, addresses, SUBSCRIPTION, "gpu", "1.4.4", files)
+    azure_as_pulumi_left_it(rm, t)
+    rm.fail_next = "AllocationFailed"
+    with pytest.raises(arm.ArmError, match=r"creating builder .*: Failed: AllocationFailed: "):
+        capture.capture(client(rm), t, Recorder(rm, t))
+    assert rm.writes() == [("PUT", t.vm), ("DELETE", t.vm)]
+    assert not [p for p in rm.resources if t.builder.lower() in p]
+
+
+def test_a_capture_that_fails_past_deallocation_keeps_the_builder_and_goes_on_from_it(
+    dev: Any, rm: ResourceManager
+) -> None:
+    """The version's replication fails: the builder's disk is the image, so it is kept (deallocated),
+    and the same command deletes the failed version and captures again, with no second converge."""
+    spec, addresses, files = dev
+    t = capture.target(spec, addresses, SUBSCRIPTION, "gpu", "1.4.5", files)
+    azure_as_pulumi_left_it(rm, t)
+    rm.fail_version = "ReplicationFailed"
+    lines: list[str] = []
+    with pytest.raises(arm.ArmError, match=r"capturing gallery:1\.4\.5: Failed: ReplicationFailed"):
+        capture.capture(client(rm), t, Recorder(rm, t), lines.append)
+    assert rm.get(t.vm) is not None and rm.get(t.vm)["_power"] == "deallocated"  # type: ignore[index]
+    assert any("kept, deallocated" in line for line in lines)
+    assert rm.get(t.image_version)["properties"]["provisioningState"] == "Failed"  # type: ignore[index]
+    rm.requests.clear()
+    converge = Recorder(rm, t)
+    made = capture.capture(client(rm), t, converge)
+    assert converge.calls == [] and made["builder_deleted"] is True
+    assert rm.writes() == [("DELETE", t.image_version), ("PUT", t.image_version), ("DELETE", t.vm)]
+    assert rm.get(t.image_version)["properties"]["provisioningState"] == "Succeeded"  # type: ignore[index]
+
+
+def test_a_deallocated_builder_goes_on_to_be_generalized(dev: Any, rm: ResourceManager) -> None:
+    spec, addresses, files = dev
+    t = capture.target(spec, addresses, SUBSCRIPTION, "gpu", "1.4.6", files)
+    azure_as_pulumi_left_it(rm, t)
+    cli = client(rm)
+    cli.put(t.vm, capture.COMPUTE_API, capture.builder_body(t, rm.get(t.scale_set_path) or {}), "builder")
+    cli.post(f"{t.vm}/deallocate", capture.COMPUTE_API, "deallocate")
+    rm.requests.clear()
+    converge = Recorder(rm, t)
+    capture.capture(cli, t, converge)
+    assert converge.calls == []
+    assert rm.writes() == [("POST", f"{t.vm}/generalize"), ("PUT", t.image_version), ("DELETE", t.vm)]
+
+
 def test_a_stopped_capture_resumes_from_its_generalized_builder(dev: Any, rm: ResourceManager) -> None:
     """A capture stopped after generalizing (its version's replication failed, say) goes straight to
     the capture with the builder it left: no second converge of a generalized disk."""

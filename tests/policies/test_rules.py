@@ -110,7 +110,7 @@ def test_a_join_token_that_never_expires_or_outlives_a_day_is_refused(
 
 
 @pytest.mark.parametrize(
-    ("hours", "refused"), [(0, True), (24 * 7, True), ("never", True), (24, False), (6, False)]
+    ("hours", "refused"), [(0, True), (24 * 7, True), ("never", True), (0.5, True), (24, False), (6, False)]
 )
 def test_converges_own_bootstrap_token_must_expire_within_a_day(
     dev_doc: dict[str, Any], dev_config: checks.RuleConfig, hours: Any, refused: bool
@@ -119,7 +119,7 @@ def test_converges_own_bootstrap_token_must_expire_within_a_day(
     changed = dataclasses.replace(dev_config, group_vars={"kube_pki_bootstrap_token_hours": hours})
     found = findings(rule, dev_doc, changed)
     assert [f.message for f in found] == (
-        [f"converge's bootstrap token: kube_pki_bootstrap_token_hours {hours!r} must be above 0 and at most 24: "
+        [f"converge's bootstrap token: kube_pki_bootstrap_token_hours {hours!r} must be whole hours, above 0 and at most 24: "
          "a bootstrap token must be short-lived"] if refused else []
     )  # fmt: skip
 

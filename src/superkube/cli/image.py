@@ -73,7 +73,8 @@ def image_capture(
                 f"{playbook} on {limit} failed ({why or 'no host matched: is the builder in the inventory?'})"
             )
 
-    client = arm.Arm(base=arm_url or os.environ.get("SUPERKUBE_ARM_URL") or arm.ARM)
+    # a version's replication can take hours in a busy region
+    client = arm.Arm(base=arm_url or os.environ.get("SUPERKUBE_ARM_URL") or arm.ARM, deadline_s=4 * 3600)
     try:
         made = capture.capture(
             client, t, converge, lambda line: err.print(escape(line), highlight=False), keep_builder

@@ -42,6 +42,10 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     }
 
 
+BUILDER_TAG = "superkube-builder"
+"""The tag on a capture's builder VM (superkube.fleet.capture), naming the version it bakes."""
+
+
 def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     cluster = addresses.cluster
     groups = [f"rg-{cluster}", f"rg-{cluster}-hub"]
@@ -63,6 +67,9 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             **{k: json.dumps(v) if isinstance(v, list | dict) else f"'{v}'" for k, v in facts.items()},
             # a scale-set instance's pool, from the tag NodePool sets (empty on the control plane)
             "superkube_pool": "tags['superkube-pool'] | default('')",
+            # a capture's builder VM (superkube image capture) carries its pool's tags, so a converge
+            # of the whole fleet reaches it too: it never gets a join credential, whoever converges it
+            "kubelet_write_bootstrap_kubeconfig": f"'{BUILDER_TAG}' not in tags",
             # on the API servers: the identity cluster-autoscaler uses and the group it acts in
             "superkube_autoscaler_identity": f"tags['{autoscaling.IDENTITY_TAG}'] | default('')",
             "superkube_autoscaler_scope": f"tags['{autoscaling.SCOPE_TAG}'] | default('')",

@@ -128,7 +128,11 @@ class Arm:
             while answer.status == 202:
                 self._pause(answer, until, what)
                 answer = self._send("GET", location, None, what)
-            return answer.body
+            if resource is None:
+                return answer.body
+            answer = self._send("GET", self.url(*resource), None, what)  # the resource as it ended
+        elif answer.status == 202 and resource is not None:  # accepted, with nowhere to ask: the resource
+            answer = self._send("GET", self.url(*resource), None, what)
         if resource is not None and answer.status in (200, 201):
             path, api = resource
             while _state(answer.body) not in (None, *TERMINAL):
@@ -141,7 +145,8 @@ class Arm:
     def _pause(self, answer: Answer, until: float, what: str) -> None:
         if self.clock() > until:
             raise ArmError(f"{what}: not finished after {self.deadline_s:.0f} s")
-        self.sleep(_retry_after(answer.headers, self.poll_s))
+        # at least a second between polls (a `Retry-After: 0` must not spin for an hour)
+        self.sleep(max(_retry_after(answer.headers, self.poll_s), min(self.poll_s, 1.0)))
 
     # --- one request -----------------------------------------------------------------------------
 
@@ -164,7 +169,7 @@ class Arm:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     raw = resp.read()
                     got = {k.lower(): v for k, v in resp.headers.items()}
-                    return Answer(resp.status, got, json.loads(raw) if raw.strip() else None)
+                    return Answer(resp.status, got, _json(raw, what))
             except urllib.error.HTTPError as exc:
                 raw = exc.read()
                 got = {k.lower(): v for k, v in exc.headers.items()}
@@ -183,7 +188,16 @@ class Arm:
                     self.sleep(self.poll_s)
                     continue
                 raise ArmError(f"{what}: {getattr(exc, 'reason', exc)}") from None
-        raise ArmError(f"{what}: no answer after {self.retries + 1} tries")  # pragma: no cover
+        raise ArmError(f"{what}: HTTP 401: the access token was refused twice: log in again (az login)")
+
+
+def _json(raw: bytes, what: str) -> Any:
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ArmError(f"{what}: the answer is not JSON ({raw[:120].decode(errors='replace')!r})") from None
 
 
 def _state(body: Any) -> str | None:

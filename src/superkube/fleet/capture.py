@@ -10,11 +10,13 @@ The steps, each through Resource Manager (`superkube.fleet.arm`) or converge:
 3. `site.yml` on it alone with `BAKE_VARS` (no join credential), then `generalize.yml` (the same
    two playbooks, variables and list as the lab's bake);
 4. deallocate, generalize, and the gallery version from the VM (`storageProfile.source.virtualMachineId`);
-5. the builder deleted, its NIC and disk with it, also when a step failed (`keep_builder` keeps it
-   to look at).
+5. the builder deleted, its NIC and disk with it, also when a step before its deallocation failed
+   (`keep_builder` keeps it to look at).
 
-A builder left from a run that stopped (its tag names the version) is used again: one that is
-already generalized goes straight to the capture."""
+A step that fails once the builder is deallocated keeps it (its disk is the image; deallocated it
+costs only that), and the same command goes on from it: a builder left from a run that stopped (its
+tag names the version) is used again, one deallocated goes on to be generalized, one generalized
+straight to the capture; a version a failed capture left is deleted and made again."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from superkube.cluster import bake
+from superkube.cluster import bake, inventory
 from superkube.fleet.arm import Arm, ArmError
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import GALLERY_IMAGE, ClusterSpec, NodePool
@@ -32,7 +34,7 @@ COMPUTE_API = "2024-07-01"
 GALLERY_API = "2024-03-03"
 NETWORK_API = "2024-05-01"
 NIC_API_VERSION = "2020-11-01"  # networkProfile.networkApiVersion: NICs made with the VM
-BUILDER_TAG = "superkube-builder"
+BUILDER_TAG = inventory.BUILDER_TAG
 VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 # tags the builder takes from its pool's scale set: what the inventory groups and filters on
 INVENTORY_TAGS = ("cluster", "superkube-role", "superkube-pool")
@@ -226,45 +228,67 @@ def capture(
     state = (definition.get("properties") or {}).get("osState")
     if state != "Generalized":
         raise CaptureError(f"{t.definition} holds {state} images; a node image must be Generalized")
-    if arm.get(t.image_version, GALLERY_API) is not None:
-        raise CaptureError(
-            f"gallery:{t.version} of the {t.kind} node image exists already: capture a new version"
-        )
+    version = arm.get(t.image_version, GALLERY_API)
+    if version is not None:
+        if (version.get("properties") or {}).get("provisioningState") != "Failed":
+            raise CaptureError(
+                f"gallery:{t.version} of the {t.kind} node image exists already: capture a new version"
+            )
+        progress(f"gallery:{t.version}: deleting the version a failed capture left")
+        arm.delete(t.image_version, GALLERY_API, f"deleting the failed gallery:{t.version}")
     scale_set = arm.get(t.scale_set_path, COMPUTE_API)
     if scale_set is None:
         raise CaptureError(f"scale set {t.scale_set} does not exist: run pulumi up first")
-    location = scale_set.get("location", t.spec.region)
+    location = definition.get("location") or scale_set.get("location", t.spec.region)
 
     existing = arm.get(t.vm, COMPUTE_API)
     if existing is not None and (existing.get("tags") or {}).get(BUILDER_TAG) != t.version:
         raise CaptureError(f"a VM named {t.builder} exists and is not this capture's builder: delete it")
-    made = False
+    ours = existing is not None  # from here on the builder is this capture's to clean up
+    captured = False  # past deallocation the builder's disk is the image: kept if a later step fails
+    image: Any = None
     try:
         if existing is None:
             progress(f"{t.builder}: creating the builder VM ({t.pool_spec.vm_size}, from its base image)")
+            ours = True  # a creation that fails halfway still leaves a VM, a NIC or a disk
             arm.put(t.vm, COMPUTE_API, builder_body(t, scale_set), f"creating builder {t.builder}")
-            made = True
         else:
             progress(f"{t.builder}: using the builder a stopped capture left")
-        if "OSState/generalized" not in statuses(arm, t.vm):
-            progress(f"{t.builder}: converging the node roles (site.yml, this host alone)")
-            converge("site.yml", t.builder, dict(bake.BAKE_VARS))
-            progress(f"{t.builder}: generalizing it ({bake.GENERALIZE_PLAYBOOK})")
-            converge(bake.GENERALIZE_PLAYBOOK, t.builder, bake.generalize_vars(t.builder, t.pool_files))
-            progress(f"{t.builder}: deallocating and generalizing the VM")
-            arm.post(f"{t.vm}/deallocate", COMPUTE_API, f"deallocating {t.builder}")
+        state = statuses(arm, t.vm)
+        if "OSState/generalized" not in state:
+            if "PowerState/deallocated" not in state:
+                progress(f"{t.builder}: converging the node roles (site.yml, this host alone)")
+                converge("site.yml", t.builder, dict(bake.BAKE_VARS))
+                progress(f"{t.builder}: generalizing it ({bake.GENERALIZE_PLAYBOOK})")
+                converge(bake.GENERALIZE_PLAYBOOK, t.builder, bake.generalize_vars(t.builder, t.pool_files))
+                progress(f"{t.builder}: deallocating the VM")
+                arm.post(f"{t.vm}/deallocate", COMPUTE_API, f"deallocating {t.builder}")
+            captured = True
+            progress(f"{t.builder}: generalizing the VM")
             arm.post(f"{t.vm}/generalize", COMPUTE_API, f"generalizing {t.builder}")
+        captured = True
         progress(f"gallery:{t.version}: capturing {t.builder} (replication takes minutes)")
         image = arm.put(
             t.image_version, GALLERY_API, version_body(t, location), f"capturing gallery:{t.version}"
         )
+    except BaseException:
+        if ours and captured:
+            keep_builder = True
+            progress(
+                f"{t.builder}: kept, deallocated (it costs its disk): run the same command again to go on "
+                "from it, or delete it"
+            )
+        raise
     finally:
+        deleted = False
         if keep_builder:
-            progress(f"{t.builder}: kept (--keep-builder); delete it when done")
-        elif made or existing is not None:
+            if image is not None:
+                progress(f"{t.builder}: kept (--keep-builder); delete it when done")
+        elif ours:
             progress(f"{t.builder}: deleting the builder, its NIC and disk")
             try:
                 arm.delete(t.vm, COMPUTE_API, f"deleting builder {t.builder}")
+                deleted = True
             except ArmError as exc:
                 progress(f"{t.builder}: not deleted ({exc}); delete it by hand")
     return {
@@ -274,7 +298,7 @@ def capture(
         "image": f"{GALLERY_IMAGE}{t.version}",
         "id": (image or {}).get("id", t.image_version),
         "builder": t.builder,
-        "builder_deleted": not keep_builder,
+        "builder_deleted": deleted,
     }
 
 

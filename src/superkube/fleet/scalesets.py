@@ -31,14 +31,21 @@ from superkube.model.spec import POOL_LABEL
 COMPUTE_API = "2024-07-01"
 
 
-def version_of(image_reference: Mapping[str, Any]) -> str:
+def version_of(image_reference: Mapping[str, Any], model: Mapping[str, Any] | None = None) -> str:
     """The image version an image reference names: a gallery version's number, or the marketplace
-    image as publisher:offer:sku:version."""
-    ref = image_reference.get("id") or ""
-    if "/versions/" in ref:
-        return str(ref.rsplit("/versions/", 1)[1])
-    parts = [image_reference.get(k, "") for k in ("publisher", "offer", "sku")]
-    return ":".join([*parts, image_reference.get("exactVersion") or image_reference.get("version", "")])
+    image as publisher:offer:sku:version. An instance of a model on a marketplace image's `latest`
+    runs that image's then-latest version (`exactVersion`): it counts as on the model's."""
+    ref = str(image_reference.get("id") or "")
+    at = ref.lower().rfind("/versions/")
+    if at >= 0:
+        return ref[at + len("/versions/") :]
+    keys = ("publisher", "offer", "sku")
+    parts = [str(image_reference.get(k, "")).lower() for k in keys]
+    version = image_reference.get("exactVersion") or image_reference.get("version", "")
+    on_latest = model is not None and str(model.get("version", "")).lower() == "latest"
+    if on_latest and [str(model.get(k, "")).lower() for k in keys] == parts:  # type: ignore[union-attr]
+        version = "latest"
+    return ":".join([*parts, str(version)])
 
 
 class ScaleSetPool:
@@ -69,13 +76,10 @@ class ScaleSetPool:
         versions = {}
         for s in self.scale_sets:
             try:
-                found = self.arm.get(self.path(s), COMPUTE_API)
+                model = self._model(s)
             except ArmError as exc:
                 raise roll.RollError(str(exc)) from None
-            if found is None:
-                raise roll.RollError(f"scale set {s} does not exist: run pulumi up")
-            profile = found["properties"]["virtualMachineProfile"]
-            versions[s] = version_of(profile["storageProfile"]["imageReference"])
+            versions[s] = version_of(model, model)
         if len(set(versions.values())) > 1:
             said = ", ".join(f"{s}: {v}" for s, v in versions.items())
             raise roll.RollError(
@@ -88,15 +92,27 @@ class ScaleSetPool:
         self._where = {}
         for s in self.scale_sets:
             try:
+                model = self._model(s)
                 instances = self.arm.list(f"{self.path(s)}/virtualMachines", COMPUTE_API)
             except ArmError as exc:
                 raise roll.RollError(str(exc)) from None
-            for vm in sorted(instances, key=lambda v: int(v.get("instanceId", "0"))):
+            for vm in sorted(instances, key=lambda v: int(v.get("instanceId") or 0)):
                 props = vm.get("properties") or {}
-                name = str(props["osProfile"]["computerName"]).lower()  # as the kubelet names its Node
-                self._where[name] = (s, str(vm["instanceId"]))
-                out.append(roll.Member(name, version_of(props["storageProfile"]["imageReference"])))
+                # as the kubelet names its Node: the computer name, lower-cased
+                name = str((props.get("osProfile") or {}).get("computerName") or vm.get("name", "")).lower()
+                image = (props.get("storageProfile") or {}).get("imageReference") or {}
+                self._where[name] = (s, str(vm.get("instanceId")))
+                out.append(roll.Member(name, version_of(image, model)))
         return out
+
+    def _model(self, scale_set: str) -> Mapping[str, Any]:
+        found = self.arm.get(self.path(scale_set), COMPUTE_API)
+        if found is None:
+            raise roll.RollError(f"scale set {scale_set} does not exist: run pulumi up")
+        image: Mapping[str, Any] = found["properties"]["virtualMachineProfile"]["storageProfile"][
+            "imageReference"
+        ]
+        return image
 
     # --- the API server's side ---------------------------------------------------------------------
 
