@@ -102,3 +102,21 @@ def planned(stack: str, project: Path | None) -> Any:
         fail(str(exc))
     except planning.PlanError as exc:
         fail(str(exc), code=1)
+
+
+def print_roll(report: Any, output: Output) -> NoReturn:
+    """A roll's report (superkube.cluster.roll.RollReport): its batches on stdout, its summary on
+    stderr; exit 1 when it stopped."""
+    import json
+
+    if output is Output.json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        for i, b in enumerate(report.batches, 1):
+            out.print(
+                f"batch {i}: {', '.join(b.nodes)}: {b.state}"
+                + (f" in {b.seconds:.0f} s" if b.seconds else ""),
+                highlight=False,
+            )
+    err.print(escape(report.summary()), highlight=False)
+    raise typer.Exit(0 if report.ok else 1)

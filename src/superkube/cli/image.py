@@ -11,12 +11,35 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from superkube.cli.common import Output, ProjectOpt, StackOpt, err, fail, out, planned, project_dir
+from superkube.cli.common import (
+    Output,
+    ProjectOpt,
+    StackOpt,
+    err,
+    fail,
+    out,
+    planned,
+    print_roll,
+    project_dir,
+)
 from superkube.model.spec import SpecError
 
 image_app = typer.Typer(
     help="Node images: bake a pool's image on Azure and capture it.", no_args_is_help=True
 )
+
+
+def _stack(stack: str, project: Path | None, subscription: str) -> tuple[Any, Any]:
+    """The stack's spec and address plan, once the subscription is given; one line and exit if not."""
+    from superkube.plan import engine as planning
+
+    if not subscription:
+        fail("give the cluster's subscription: --subscription ID, or set AZURE_SUBSCRIPTION_ID")
+    try:
+        _, spec, addresses = planning.load(project_dir(project), stack)
+    except SpecError as exc:
+        fail(str(exc))
+    return spec, addresses
 
 
 @image_app.command("capture")
@@ -42,18 +65,12 @@ def image_capture(
     gallery:VERSION of its kind's image definition; the builder is deleted (Azure only)."""
     from superkube.fleet import arm, capture
     from superkube.fleet import converge as fleet
-    from superkube.plan import engine as planning
 
-    if not subscription:
-        fail("give the cluster's subscription: --subscription ID, or set AZURE_SUBSCRIPTION_ID")
     if not inventory.is_file():
         fail(
             f"--inventory {inventory}: no such file; write it with superkube inventory -s {stack} --out FILE"
         )
-    try:
-        _, spec, addresses = planning.load(project_dir(project), stack)
-    except SpecError as exc:
-        fail(str(exc))
+    spec, addresses = _stack(stack, project, subscription)
     try:
         capture.target(spec, addresses, subscription, pool, version)  # a bad pool or version: before planning
         files = capture.pool_files(planned(stack, project), pool)
@@ -119,18 +136,12 @@ def image_roll(
     from superkube.agents.kubeapi import Kube
     from superkube.cluster import roll
     from superkube.fleet import arm, scalesets
-    from superkube.plan import engine as planning
 
-    if not subscription:
-        fail("give the cluster's subscription: --subscription ID, or set AZURE_SUBSCRIPTION_ID")
     if not kubeconfig.is_file():
         fail(
             f"--kubeconfig {kubeconfig}: no such file; converge writes pki/admin.kubeconfig beside the inventory"
         )
-    try:
-        _, spec, addresses = planning.load(project_dir(project), stack)
-    except SpecError as exc:
-        fail(str(exc))
+    spec, addresses = _stack(stack, project, subscription)
     sets = [s.name for s in addresses.scale_sets if s.pool == pool]
     if not sets:
         known = ", ".join(sorted(p.name for p in spec.node_pools))
@@ -148,14 +159,4 @@ def image_roll(
         report = roll.roll(scale_sets, version, batch, timeout, say)
     except (roll.RollError, arm.ArmError) as exc:
         fail(str(exc), code=1)
-    if output is Output.json:
-        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
-    else:
-        for i, b in enumerate(report.batches, 1):
-            out.print(
-                f"batch {i}: {', '.join(b.nodes)}: {b.state}"
-                + (f" in {b.seconds:.0f} s" if b.seconds else "")
-            )
-    err.print(escape(report.summary()), highlight=False)
-    if not report.ok:
-        raise typer.Exit(1)
+    print_roll(report, output)

@@ -14,6 +14,7 @@ from superkube.cli.common import (
     err,
     fail,
     out,
+    print_roll,
 )
 
 lab_app = typer.Typer(
@@ -260,18 +261,7 @@ def lab_roll(
         faults[node] = kind
     say = lambda what: err.print(what, highlight=False)  # noqa: E731
     report = _lab_call(scaleout.roll_pool, _loaded(), pool, batch, timeout, faults, say)
-    if output is Output.json:
-        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
-    else:
-        for i, b in enumerate(report.batches, 1):
-            out.print(
-                f"batch {i}: {', '.join(b.nodes)}: {b.state}"
-                + (f" in {b.seconds:.0f} s" if b.seconds else "")
-            )
-    if not report.ok:
-        err.print(report.summary(), highlight=False)
-        raise typer.Exit(1)
-    err.print(report.summary(), highlight=False)
+    print_roll(report, output)
 
 
 @lab_app.command("build")
