@@ -21,7 +21,7 @@ from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
 from modules.platform.layer import InClusterLayer, InClusterLayerArgs
 from superkube.agents import scale_governor
-from superkube.cluster import autoscaling
+from superkube.cluster import autoscaling, inventory
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -96,8 +96,8 @@ class Cluster(pulumi.ComponentResource):
             opts=pulumi.InvokeOutputOptions(parent=self)
         ).subscription_id
 
-        hub_rg_name = f"rg-{cluster}-hub"
-        rg_name = f"rg-{cluster}"
+        hub_rg_name = inventory.resource_group(cluster, hub=True)
+        rg_name = inventory.resource_group(cluster)
         self.hub_group = resources.ResourceGroup(
             f"{name}-hub-rg", resource_group_name=hub_rg_name, location=location, tags=tags, opts=child(self)
         )

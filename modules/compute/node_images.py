@@ -15,17 +15,9 @@ import pulumi
 from pulumi_azure_native import compute
 
 from modules.common import child, require
+from superkube.cluster.bake import definition_name, gallery_name
 
 PUBLISHER = "superkube"
-
-
-def gallery_name(cluster: str) -> str:
-    """Gallery names take letters, digits, underscores and periods; cluster names take '-'."""
-    return f"gal_{cluster.replace('-', '_')}"
-
-
-def definition_name(kind: str) -> str:
-    return f"superkube-{kind}-node"
 
 
 @dataclass(frozen=True, kw_only=True)

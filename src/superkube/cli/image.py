@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -72,9 +73,10 @@ def image_capture(
         )
     spec, addresses = _stack(stack, project, subscription)
     try:
-        capture.target(spec, addresses, subscription, pool, version)  # a bad pool or version: before planning
-        files = capture.pool_files(planned(stack, project), pool)
-        t = capture.target(spec, addresses, subscription, pool, version, files)
+        t = capture.target(
+            spec, addresses, subscription, pool, version
+        )  # a bad pool or version: before planning
+        t = dataclasses.replace(t, pool_files=capture.pool_files(planned(stack, project), pool))
     except capture.CaptureError as exc:
         fail(str(exc))
 
@@ -134,7 +136,7 @@ def image_roll(
     batch, power it off, delete its Nodes, upgrade and start it, and wait for Ready and preflight; stop
     on a failed batch (Azure only)."""
     from superkube.agents.kubeapi import Kube
-    from superkube.cluster import roll
+    from superkube.cluster import inventory, roll
     from superkube.fleet import arm, scalesets
 
     if not kubeconfig.is_file():
@@ -151,7 +153,7 @@ def image_roll(
     except Exception as exc:  # the client's own errors for a kubeconfig it cannot use
         fail(f"--kubeconfig {kubeconfig}: {str(exc).splitlines()[0][:200]}")
     say = lambda what: err.print(escape(what), highlight=False)  # noqa: E731
-    group = f"/subscriptions/{subscription}/resourceGroups/rg-{addresses.cluster}"
+    group = f"/subscriptions/{subscription}/resourceGroups/{inventory.resource_group(addresses.cluster)}"
     client = arm.Arm(base=arm_url or os.environ.get("SUPERKUBE_ARM_URL") or arm.ARM)
     scale_sets = scalesets.ScaleSetPool(client, kube, group, pool, sets, drain_timeout, say)
     try:

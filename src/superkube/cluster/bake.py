@@ -29,6 +29,17 @@ reading, logs). A pattern's last part may hold shell wildcards. cloud-init's fil
 (`generalized`): each instance writes them from its custom data."""
 
 
+def gallery_name(cluster: str) -> str:
+    """The cluster's Azure Compute Gallery: names take letters, digits, underscores and periods;
+    cluster names take '-'."""
+    return f"gal_{cluster.replace('-', '_')}"
+
+
+def definition_name(kind: str) -> str:
+    """A pool kind's image definition in that gallery."""
+    return f"superkube-{kind}-node"
+
+
 def generalized(pool_files: Iterable[str] = ()) -> list[str]:
     """The paths a capture leaves out: `GENERALIZED`, then the files the pool's custom data writes."""
     extra = [p if p.startswith("/") else f"/{p}" for p in pool_files]

@@ -42,13 +42,18 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     }
 
 
+def resource_group(cluster: str, hub: bool = False) -> str:
+    """The cluster's resource group (its spoke's), or its hub's."""
+    return f"rg-{cluster}-hub" if hub else f"rg-{cluster}"
+
+
 BUILDER_TAG = "superkube-builder"
 """The tag on a capture's builder VM (superkube.fleet.capture), naming the version it bakes."""
 
 
 def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     cluster = addresses.cluster
-    groups = [f"rg-{cluster}", f"rg-{cluster}-hub"]
+    groups = [resource_group(cluster), resource_group(cluster, hub=True)]
     facts = {
         "superkube_cluster": cluster,
         **{f"superkube_{k}": v for k, v in cluster_facts(spec, addresses).items()},

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 ARM = "https://management.azure.com"
+COMPUTE_API = "2024-07-01"
+"""The Compute API version the jobs speak (VMs, scale sets and their instances)."""
 TERMINAL = ("Succeeded", "Failed", "Canceled")
 TOKEN_ENV = "AZURE_ACCESS_TOKEN"
 

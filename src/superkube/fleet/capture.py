@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from superkube.cluster import bake, inventory
-from superkube.fleet.arm import Arm, ArmError
+from superkube.fleet.arm import COMPUTE_API, Arm, ArmError
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import GALLERY_IMAGE, ClusterSpec, NodePool
 
-COMPUTE_API = "2024-07-01"
 GALLERY_API = "2024-03-03"
 NETWORK_API = "2024-05-01"
 NIC_API_VERSION = "2020-11-01"  # networkProfile.networkApiVersion: NICs made with the VM
@@ -62,7 +61,7 @@ class Target:
 
     @property
     def group(self) -> str:
-        return f"/subscriptions/{self.subscription}/resourceGroups/rg-{self.cluster}"
+        return f"/subscriptions/{self.subscription}/resourceGroups/{inventory.resource_group(self.cluster)}"
 
     @property
     def kind(self) -> str:
@@ -82,8 +81,7 @@ class Target:
 
     @property
     def definition(self) -> str:
-        gallery = f"gal_{self.cluster.replace('-', '_')}"
-        image = f"superkube-{self.kind}-node"
+        gallery, image = bake.gallery_name(self.cluster), bake.definition_name(self.kind)
         return f"{self.group}/providers/Microsoft.Compute/galleries/{gallery}/images/{image}"
 
     @property

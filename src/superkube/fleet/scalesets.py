@@ -25,10 +25,8 @@ from typing import Any
 from superkube.agents.kubeapi import Kube, refused, unreachable
 from superkube.agents.node_health import evictable
 from superkube.cluster import roll
-from superkube.fleet.arm import Arm, ArmError
+from superkube.fleet.arm import COMPUTE_API, Arm, ArmError
 from superkube.model.spec import POOL_LABEL
-
-COMPUTE_API = "2024-07-01"
 
 
 def version_of(image_reference: Mapping[str, Any], model: Mapping[str, Any] | None = None) -> str:
