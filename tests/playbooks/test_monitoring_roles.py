@@ -13,7 +13,7 @@ import yaml
 
 from superkube.cluster import kube, wiring
 from superkube.plan.engine import Plan
-from tests.monitoring.test_prometheus import checkable, promtool
+from tests.cluster.test_prometheus import checkable, promtool
 
 PARTS = ("vmstorage", "vminsert", "vmselect")
 
