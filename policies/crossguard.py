@@ -6,7 +6,7 @@ from typing import Any
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema, Severity, StackValidationPolicy
 
-from superkube.plan.checks import PlanResource, Rule, RuleConfig, StackView
+from superkube.model.policy import PlanResource, Rule, RuleConfig, StackView
 
 CONFIG_SCHEMA = PolicyConfigSchema(
     properties={

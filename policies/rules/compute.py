@@ -21,9 +21,9 @@ from superkube.cluster.autoscaling import (
 )
 from superkube.cluster.cloudinit import JOIN_SCRIPT, POOL_LABEL, REGISTRATION_FILE, join_jitter_seconds
 from superkube.cluster.kube import APISERVERS, ETCD_EVENTS, ETCD_MAIN, GPU_NODES
+from superkube.model.policy import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.model.spec import DISK_SKUS, PREFLIGHT_TAINT_KEY
 from superkube.model.vmsizes import GPU_RESOURCE
-from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from superkube.plan.checks import TAGLESS_TYPES, Finding, Rule, RuleConfig, StackView
+from superkube.model.policy import TAGLESS_TYPES, Finding, Rule, RuleConfig, StackView
 
 REQUIRED = ("cluster", "owner", "environment")
 

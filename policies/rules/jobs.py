@@ -13,8 +13,8 @@ from policies.rules.platform import _dig, _kind, _name, _objects
 from superkube.cluster import autoscaling, jobs
 from superkube.cluster.kube import NAMESPACE_NAME_LABEL
 from superkube.model import teams
+from superkube.model.policy import Finding, Rule, RuleConfig, StackView
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
 
 SYSTEM_NAMESPACE = "kube-system"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")

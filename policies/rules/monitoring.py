@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from superkube.cluster.monitoring import DROPS_COMMENT, REVIEWED_COMMENT
-from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
+from superkube.model.policy import Finding, Rule, RuleConfig, StackView
 
 
 def _bundle(config: RuleConfig) -> Mapping[str, Any] | None:

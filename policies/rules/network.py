@@ -9,7 +9,7 @@ from typing import Any
 
 from superkube.cluster.kube import NAT_HOST
 from superkube.model.ipam import AZURE_RESERVED_PER_SUBNET
-from superkube.plan.checks import (
+from superkube.model.policy import (
     Finding,
     PlanResource,
     Rule,

@@ -13,8 +13,8 @@ from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
 from superkube.cluster.cloudinit import JOIN_SCRIPT, join_jitter_seconds
 from superkube.cluster.kube import APISERVERS
+from superkube.model.policy import Finding, PlanResource, Rule, RuleConfig, StackView
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
-from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
 

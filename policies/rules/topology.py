@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterator
 
 from superkube.cluster.kube import APISERVERS, ETCD_EVENTS, ETCD_MAIN
+from superkube.model.policy import Finding, Rule, RuleConfig, StackView
 from superkube.model.spec import is_quorum_size
-from superkube.plan.checks import Finding, Rule, RuleConfig, StackView
 
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"

@@ -27,7 +27,7 @@ from superkube.cluster.kube import (
     NAT_HOST,
     SERVING_CERTS_MODULE,
 )
-from superkube.plan.checks import Finding, PlanResource, Rule, RuleConfig, StackView
+from superkube.model.policy import Finding, PlanResource, Rule, RuleConfig, StackView
 
 LB = "azure-native:network:LoadBalancer"
 KUBECONFIG_URLS = {

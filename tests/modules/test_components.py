@@ -13,8 +13,8 @@ import yaml
 from modules.compute.node_pool import CUSTOM_DATA_PROPERTY
 from superkube.agents import scale_governor
 from superkube.cluster import cloudinit
+from superkube.model.policy import TAGLESS_TYPES
 from superkube.plan import engine as planning
-from superkube.plan.checks import TAGLESS_TYPES
 from superkube.plan.engine import Plan, Resource
 from tests.conftest import ROOT, dev_config
 

@@ -13,6 +13,7 @@ import yaml
 
 from policies.rules import jobs as job_rules
 from superkube.cluster import jobs
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 from tests.conftest import ROOT
@@ -148,14 +149,14 @@ CASES: list[tuple[str, Callable[[Doc], None], str]] = [
 
 
 @pytest.fixture(scope="module")
-def flagship(flagship_plan: Plan) -> tuple[Doc, checks.RuleConfig]:
+def flagship(flagship_plan: Plan) -> tuple[Doc, policy.RuleConfig]:
     job = jobs.render(jobs.load(ROOT / "examples/jobs/borrowing.yaml"), flagship_plan.spec)
     JOB.clear()
     JOB.update(job)
     return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
 
 
-def test_the_flagship_and_a_rendered_job_pass(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+def test_the_flagship_and_a_rendered_job_pass(flagship: tuple[Doc, policy.RuleConfig]) -> None:
     doc, config = flagship
     assert inputs(doc, "MutatingWebhookConfiguration") and teams_config(doc)
     changed = copy.deepcopy(doc)
@@ -165,7 +166,7 @@ def test_the_flagship_and_a_rendered_job_pass(flagship: tuple[Doc, checks.RuleCo
 
 @pytest.mark.parametrize(("mutate", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_one_change_fires_its_rule(
-    mutate: Callable[[Doc], None], rule: str, flagship: tuple[Doc, checks.RuleConfig]
+    mutate: Callable[[Doc], None], rule: str, flagship: tuple[Doc, policy.RuleConfig]
 ) -> None:
     doc, config = flagship
     changed = copy.deepcopy(doc)

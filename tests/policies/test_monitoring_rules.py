@@ -13,6 +13,7 @@ import yaml
 
 from policies.rules import ALL_RULES
 from policies.rules import monitoring as monitoring_rules
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 
@@ -21,11 +22,11 @@ MONITORING = {r.name for r in monitoring_rules.RULES}
 
 
 @pytest.fixture(scope="module")
-def flagship(flagship_plan: Plan) -> tuple[dict[str, Any], checks.RuleConfig]:
+def flagship(flagship_plan: Plan) -> tuple[dict[str, Any], policy.RuleConfig]:
     return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
 
 
-def findings(doc: dict[str, Any], config: checks.RuleConfig) -> dict[str, list[str]]:
+def findings(doc: dict[str, Any], config: policy.RuleConfig) -> dict[str, list[str]]:
     report = checks.evaluate(checks.view_from_plan_document(doc), ALL_RULES, config)
     out: dict[str, list[str]] = {}
     for v in report.violations:
@@ -33,10 +34,10 @@ def findings(doc: dict[str, Any], config: checks.RuleConfig) -> dict[str, list[s
     return out
 
 
-def with_bundle(config: checks.RuleConfig, change: Callable[[Bundle], None]) -> checks.RuleConfig:
+def with_bundle(config: policy.RuleConfig, change: Callable[[Bundle], None]) -> policy.RuleConfig:
     bundle = copy.deepcopy(dict(config.monitoring))
     change(bundle)
-    return checks.RuleConfig.from_dict({**config.to_dict(), "monitoring": bundle})
+    return policy.RuleConfig.from_dict({**config.to_dict(), "monitoring": bundle})
 
 
 def drop_cases(alert: str, firing: bool) -> Callable[[Bundle], None]:
@@ -148,7 +149,7 @@ CASES: list[tuple[str, Callable[[Bundle], None], str, str]] = [
 
 
 def test_the_shipped_monitoring_passes_on_every_shard(
-    flagship: tuple[dict[str, Any], checks.RuleConfig],
+    flagship: tuple[dict[str, Any], policy.RuleConfig],
 ) -> None:
     doc, config = flagship
     assert len(config.monitoring["prometheus"]) == 8  # the flagship's shards, each reviewed
@@ -160,7 +161,7 @@ def test_one_change_fires_its_rule_with_one_line(
     change: Callable[[Bundle], None],
     rule: str,
     message: str,
-    flagship: tuple[dict[str, Any], checks.RuleConfig],
+    flagship: tuple[dict[str, Any], policy.RuleConfig],
 ) -> None:
     doc, config = flagship
     got = findings(doc, with_bundle(config, change))
@@ -173,18 +174,18 @@ def test_every_monitoring_rule_has_a_case() -> None:
 
 
 def test_bare_resources_say_there_is_nothing_to_review(
-    flagship: tuple[dict[str, Any], checks.RuleConfig],
+    flagship: tuple[dict[str, Any], policy.RuleConfig],
 ) -> None:
     doc, config = flagship
-    bare = checks.RuleConfig.from_dict({**config.to_dict(), "monitoring": {}})
+    bare = policy.RuleConfig.from_dict({**config.to_dict(), "monitoring": {}})
     got = findings(doc, bare)
     assert set(got) & MONITORING == MONITORING
     assert all("no monitoring configuration to review" in m for r in MONITORING for m in got[r])
 
 
 def test_the_policy_pack_config_carries_the_bundle(
-    flagship: tuple[dict[str, Any], checks.RuleConfig],
+    flagship: tuple[dict[str, Any], policy.RuleConfig],
 ) -> None:
     _, config = flagship
-    again = checks.RuleConfig.from_dict(config.to_dict())
+    again = policy.RuleConfig.from_dict(config.to_dict())
     assert again.monitoring == config.monitoring

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from policies.rules import ALL_RULES
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 from tests.policies import mutations as m
@@ -97,11 +98,11 @@ ALSO: dict[str, set[str]] = {
 
 
 @pytest.fixture(scope="module")
-def flagship(flagship_plan: Plan) -> tuple[dict[str, Any], checks.RuleConfig]:
+def flagship(flagship_plan: Plan) -> tuple[dict[str, Any], policy.RuleConfig]:
     return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
 
 
-def test_the_unchanged_flagship_passes(flagship: tuple[dict[str, Any], checks.RuleConfig]) -> None:
+def test_the_unchanged_flagship_passes(flagship: tuple[dict[str, Any], policy.RuleConfig]) -> None:
     doc, config = flagship
     report = checks.evaluate(checks.view_from_plan_document(doc), ALL_RULES, config)
     assert report.violations == [] and report.passed
@@ -116,7 +117,7 @@ def test_the_right_rule_fires(
     scenario: str,
     mutate: Callable[[dict[str, Any]], None],
     rule: str,
-    flagship: tuple[dict[str, Any], checks.RuleConfig],
+    flagship: tuple[dict[str, Any], policy.RuleConfig],
 ) -> None:
     doc, config = flagship
     changed = copy.deepcopy(doc)
@@ -128,7 +129,7 @@ def test_the_right_rule_fires(
 
 
 def test_the_same_route_written_another_way_still_passes(
-    flagship: tuple[dict[str, Any], checks.RuleConfig],
+    flagship: tuple[dict[str, Any], policy.RuleConfig],
 ) -> None:
     """Azure reads nextHopType case-insensitively; a route table's inline copy of the same route is fine."""
     doc, config = flagship
@@ -139,7 +140,7 @@ def test_the_same_route_written_another_way_still_passes(
     assert report.violations == []
 
 
-def test_tag_names_in_another_case_still_pass(flagship: tuple[dict[str, Any], checks.RuleConfig]) -> None:
+def test_tag_names_in_another_case_still_pass(flagship: tuple[dict[str, Any], policy.RuleConfig]) -> None:
     """Azure treats tag names case-insensitively: `Owner` is the owner tag."""
     doc, config = flagship
     changed = copy.deepcopy(doc)

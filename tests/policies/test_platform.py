@@ -13,6 +13,7 @@ import pytest
 
 from policies.rules import ALL_RULES
 from policies.rules import platform as platform_rules
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 from tests.policies import mutations as m
@@ -252,16 +253,16 @@ CASES: list[tuple[str, Callable[[Doc], None] | SetFlag | SetGovernor, str]] = [
 
 
 @pytest.fixture(scope="module")
-def flagship(flagship_plan: Plan) -> tuple[Doc, checks.RuleConfig]:
+def flagship(flagship_plan: Plan) -> tuple[Doc, policy.RuleConfig]:
     return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
 
 
-def fired(doc: Doc, config: checks.RuleConfig) -> set[str]:
+def fired(doc: Doc, config: policy.RuleConfig) -> set[str]:
     report = checks.evaluate(checks.view_from_plan_document(doc), ALL_RULES, config)
     return {v.rule for v in report.violations}
 
 
-def test_the_flagship_in_cluster_layer_passes(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+def test_the_flagship_in_cluster_layer_passes(flagship: tuple[Doc, policy.RuleConfig]) -> None:
     doc, config = flagship
     assert json.loads(config.inventory["hostvar_expressions"]["superkube_autoscaler_flags"])
     assert objects(doc, "Deployment", "balloons")
@@ -270,7 +271,7 @@ def test_the_flagship_in_cluster_layer_passes(flagship: tuple[Doc, checks.RuleCo
 
 @pytest.mark.parametrize(("mutate", "rule"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_one_change_fires_its_rule(
-    mutate: Callable[[Doc], None] | SetFlag | SetGovernor, rule: str, flagship: tuple[Doc, checks.RuleConfig]
+    mutate: Callable[[Doc], None] | SetFlag | SetGovernor, rule: str, flagship: tuple[Doc, policy.RuleConfig]
 ) -> None:
     doc, config = flagship
     changed, settings = copy.deepcopy(doc), config.to_dict()
@@ -278,7 +279,7 @@ def test_one_change_fires_its_rule(
         mutate(settings)
     else:
         mutate(changed)
-    got = fired(changed, checks.RuleConfig.from_dict(settings))
+    got = fired(changed, policy.RuleConfig.from_dict(settings))
     assert rule in got, f"expected {rule}, got {sorted(got)}"
     # schema problems may also trip a rule that reads the same field; otherwise only this rule fires
     assert got & PLATFORM <= {rule, "platform-objects-schema-valid"}, sorted(got)
@@ -288,7 +289,7 @@ def test_every_platform_rule_has_a_case() -> None:
     assert {c[2] for c in CASES} == PLATFORM
 
 
-def test_a_lower_safe_join_rate_fails_the_unchanged_flagship(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+def test_a_lower_safe_join_rate_fails_the_unchanged_flagship(flagship: tuple[Doc, policy.RuleConfig]) -> None:
     doc, config = flagship
-    stricter = checks.RuleConfig.from_dict({**config.to_dict(), "safe_join_rate_per_minute": 299})
+    stricter = policy.RuleConfig.from_dict({**config.to_dict(), "safe_join_rate_per_minute": 299})
     assert fired(doc, stricter) == {"platform-autoscaler-join-rate"}

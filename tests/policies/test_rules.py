@@ -12,6 +12,7 @@ import yaml
 
 from policies.rules import ALL_RULES
 from superkube.cluster import join
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 from tests.policies.mutations import BY_RULE
@@ -25,11 +26,11 @@ def dev_doc(dev_plan: Plan) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def dev_config(dev_plan: Plan) -> checks.RuleConfig:
+def dev_config(dev_plan: Plan) -> policy.RuleConfig:
     return checks.rule_config(dev_plan.spec, dev_plan.addresses)
 
 
-def findings(rule: checks.Rule, doc: dict[str, Any], config: checks.RuleConfig) -> list[checks.Finding]:
+def findings(rule: policy.Rule, doc: dict[str, Any], config: policy.RuleConfig) -> list[policy.Finding]:
     return list(rule.check(checks.view_from_plan_document(doc), config))
 
 
@@ -48,14 +49,14 @@ def test_rules_are_named_area_resource_rule_and_documented() -> None:
 
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_rule_passes_the_compliant_fixture(
-    name: str, dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+    name: str, dev_doc: dict[str, Any], dev_config: policy.RuleConfig
 ) -> None:
     assert findings(RULES[name], dev_doc, dev_config) == []
 
 
 @pytest.mark.parametrize("name", sorted(BY_RULE))
 def test_rule_fires_when_one_field_changes(
-    name: str, dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+    name: str, dev_doc: dict[str, Any], dev_config: policy.RuleConfig
 ) -> None:
     doc = copy.deepcopy(dev_doc)
     BY_RULE[name](doc)
@@ -81,7 +82,7 @@ def test_every_rule_has_a_one_field_change() -> None:
 
 
 def test_peered_group_limit_fires_when_other_spokes_fill_the_hub(
-    dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig
 ) -> None:
     rule = RULES["network-peering-group-ip-limit"]
     assert findings(rule, dev_doc, dev_config) == []
@@ -100,7 +101,7 @@ def test_peered_group_limit_fires_when_other_spokes_fill_the_hub(
     ],
 )
 def test_a_join_token_that_never_expires_or_outlives_a_day_is_refused(
-    dev_doc: dict[str, Any], dev_config: checks.RuleConfig, settings: Any, says: str
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig, settings: Any, says: str
 ) -> None:
     rule = RULES["compute-join-token-short-lived"]
     assert findings(rule, dev_doc, dev_config) == []  # the inventory's own settings
@@ -113,7 +114,7 @@ def test_a_join_token_that_never_expires_or_outlives_a_day_is_refused(
     ("hours", "refused"), [(0, True), (24 * 7, True), ("never", True), (0.5, True), (24, False), (6, False)]
 )
 def test_converges_own_bootstrap_token_must_expire_within_a_day(
-    dev_doc: dict[str, Any], dev_config: checks.RuleConfig, hours: Any, refused: bool
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig, hours: Any, refused: bool
 ) -> None:
     rule = RULES["compute-join-token-short-lived"]
     changed = dataclasses.replace(dev_config, group_vars={"kube_pki_bootstrap_token_hours": hours})
@@ -129,7 +130,7 @@ def test_converges_own_bootstrap_token_must_expire_within_a_day(
     ["runcmd", "user data", "key file"],
 )
 def test_a_credential_anywhere_in_custom_data_or_any_user_data_is_refused(
-    dev_doc: dict[str, Any], dev_config: checks.RuleConfig, where: str
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig, where: str
 ) -> None:
     rule = RULES["compute-vmss-custom-data-no-credentials"]
     assert findings(rule, dev_doc, dev_config) == []
@@ -154,7 +155,7 @@ def test_a_credential_anywhere_in_custom_data_or_any_user_data_is_refused(
 
 
 def test_apiserver_rule_rejects_a_configured_even_count(
-    dev_doc: dict[str, Any], dev_config: checks.RuleConfig
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig
 ) -> None:
     found = findings(
         RULES["topology-apiserver-count"], dev_doc, dataclasses.replace(dev_config, apiserver_count=4)

@@ -10,6 +10,7 @@ import pytest
 
 from policies.rules import ALL_RULES
 from policies.rules.network import ips_by_vnet
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan import engine as planning
 from superkube.plan.engine import Plan
@@ -31,7 +32,7 @@ def fixed_size(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     return planning.run(ROOT, str(path))
 
 
-def report(plan_doc: dict[str, Any], config: checks.RuleConfig) -> checks.Report:
+def report(plan_doc: dict[str, Any], config: policy.RuleConfig) -> checks.Report:
     return checks.evaluate(checks.view_from_plan_document(plan_doc), ALL_RULES, config)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from policies.rules import wiring as wiring_rules
+from superkube.model import policy
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 from tests.policies import mutations as m
@@ -220,11 +221,11 @@ CASES: list[
 
 
 @pytest.fixture(scope="module")
-def flagship(flagship_plan: Plan) -> tuple[Doc, checks.RuleConfig]:
+def flagship(flagship_plan: Plan) -> tuple[Doc, policy.RuleConfig]:
     return flagship_plan.to_dict(), checks.rule_config(flagship_plan.spec, flagship_plan.addresses)
 
 
-def _fired(doc: Doc, config: checks.RuleConfig) -> dict[str, list[str]]:
+def _fired(doc: Doc, config: policy.RuleConfig) -> dict[str, list[str]]:
     report = checks.evaluate(checks.view_from_plan_document(doc), wiring_rules.RULES, config)
     fired: dict[str, list[str]] = {}
     for v in report.violations:
@@ -248,7 +249,7 @@ def test_one_fact_changed_in_one_place_is_caught(
     inventory_change: Callable[[dict[str, Any]], None] | None,
     group_vars: dict[str, Any],
     rule: str,
-    flagship: tuple[Doc, checks.RuleConfig],
+    flagship: tuple[Doc, policy.RuleConfig],
 ) -> None:
     doc, config = flagship
     doc = copy.deepcopy(doc)
@@ -257,14 +258,14 @@ def test_one_fact_changed_in_one_place_is_caught(
         plan_change(doc)
     if inventory_change:
         inventory_change(inventory)
-    changed = checks.RuleConfig(**{**config.__dict__, "inventory": inventory, "group_vars": group_vars})
+    changed = policy.RuleConfig(**{**config.__dict__, "inventory": inventory, "group_vars": group_vars})
     fired = _fired(doc, changed)
     assert list(fired) == [rule], fired
 
 
-def test_without_an_inventory_the_rules_say_so(flagship: tuple[Doc, checks.RuleConfig]) -> None:
+def test_without_an_inventory_the_rules_say_so(flagship: tuple[Doc, policy.RuleConfig]) -> None:
     doc, config = flagship
-    bare = checks.RuleConfig(**{**config.__dict__, "inventory": {}})
+    bare = policy.RuleConfig(**{**config.__dict__, "inventory": {}})
     fired = _fired(doc, bare)
     assert set(fired) == {r.name for r in wiring_rules.RULES}
     assert all("no inventory" in msgs[0] for msgs in fired.values())

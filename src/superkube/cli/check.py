@@ -47,6 +47,7 @@ def _load_plan_document(path: Path) -> dict[str, Any]:
 
 def _stack_report_inputs(stack: str, plan_file: Path | None, project: Path | None) -> tuple[Any, ...]:
     """(view, spec, addresses, stack name, source path) for a stack or a saved plan."""
+    from superkube.model import policy
     from superkube.plan import checks
     from superkube.plan import engine as planning
 
@@ -59,8 +60,8 @@ def _stack_report_inputs(stack: str, plan_file: Path | None, project: Path | Non
         return checks.view_from_plan_document(document), spec, addresses, name, source, root
     with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):
         result = planning.run(root, stack)
-    view = checks.StackView(
-        checks.PlanResource(r.urn, r.type, r.name, r.inputs, r.parent, tuple(r.dependencies))
+    view = policy.StackView(
+        policy.PlanResource(r.urn, r.type, r.name, r.inputs, r.parent, tuple(r.dependencies))
         for r in result.resources
     )
     return (
