@@ -7,10 +7,11 @@ from contextlib import contextmanager
 
 from superkube.fleet import converge as fleet
 from superkube.lab import hosts as lab
+from superkube.lab.state import Lab
 
 
 @contextmanager
-def converged(hosts: str, tags: str) -> Iterator[lab.Lab]:
+def converged(hosts: str, tags: str) -> Iterator[Lab]:
     """Bring up a lab of `hosts` (lab --hosts syntax), converge the roles tagged `tags`, yield it,
     and take it down at the end; a failed converge or lab command exits with one line."""
     print(f"bringing up a lab of {hosts} ...", flush=True)

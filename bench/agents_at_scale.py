@@ -54,8 +54,8 @@ from superkube.agents import node_health as nh  # noqa: E402
 from superkube.agents import team_taints  # noqa: E402
 from superkube.cluster import cloudinit  # noqa: E402
 from superkube.cluster.kube import SYSTEM_NAMESPACE  # noqa: E402
-from superkube.lab import apiserver  # noqa: E402
-from superkube.lab import kwok as kwok_lab  # noqa: E402
+from superkube.harness import apiserver  # noqa: E402
+from superkube.harness import kwok as kwok_lab  # noqa: E402
 from superkube.model.spec import PREFLIGHT_TAINT_KEY  # noqa: E402
 from superkube.plan import engine as planning  # noqa: E402
 

@@ -5,7 +5,7 @@ Run: .venv/bin/python bench/autoscaler.py [--nodes 1000] [--settings flagship,de
      (about 15 minutes; needs scripts/build_autoscaler.py run once; prints a table; writes
      bench/results/autoscaler.json)
 
-What runs (`superkube.lab.autoscaler`): the pinned etcd and kube-apiserver on loopback; the
+What runs (`superkube.harness.autoscaler`): the pinned etcd and kube-apiserver on loopback; the
 controller-manager and the scheduler (scheduler-plugins' kube-scheduler with the gang_scheduler
 role's flags, on its default plugins: the pods here are no gang); kwok playing every node;
 cluster-autoscaler at the pinned release with the flagship plan's command line, as its own user with
@@ -49,9 +49,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 from superkube.agents import preflight  # noqa: E402
 from superkube.agents import scale_governor as gov  # noqa: E402
 from superkube.cluster import autoscaling, jobs  # noqa: E402
-from superkube.lab import apiserver, kwok  # noqa: E402
-from superkube.lab import autoscaler as ca_lab  # noqa: E402
-from superkube.lab import gang as gang_lab  # noqa: E402
+from superkube.harness import apiserver, kwok  # noqa: E402
+from superkube.harness import autoscaler as ca_lab  # noqa: E402
+from superkube.harness import gang as gang_lab  # noqa: E402
 from superkube.plan import checks, layer  # noqa: E402
 from superkube.plan import engine as planning  # noqa: E402
 

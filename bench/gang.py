@@ -4,7 +4,7 @@ and the real gang scheduler, against the scheduler's default profile on the same
 Run: .venv/bin/python bench/gang.py [--sizes 8,64,512] [--repeat 3]   (about 15 minutes; prints a
      table; writes bench/results/gang.json)
 
-What runs (`superkube.lab.gang`): the pinned etcd and kube-apiserver on loopback; scheduler-plugins'
+What runs (`superkube.harness.gang`): the pinned etcd and kube-apiserver on loopback; scheduler-plugins'
 kube-scheduler with the gang_scheduler role's configuration and flags over the flagship's plan; the
 scheduler-plugins controller and the MPI Operator with the in-cluster layer's args and RBAC; the
 controller-manager's Job controller (the launcher is a Job); kwok playing 512 of the flagship's GPU
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from superkube.cluster import jobs  # noqa: E402
-from superkube.lab import apiserver, kwok  # noqa: E402
-from superkube.lab import gang as gang_lab  # noqa: E402
+from superkube.harness import apiserver, kwok  # noqa: E402
+from superkube.harness import gang as gang_lab  # noqa: E402
 from superkube.plan import checks, layer  # noqa: E402
 from superkube.plan import engine as planning  # noqa: E402
 

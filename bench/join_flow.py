@@ -3,7 +3,7 @@
 Run: .venv/bin/python bench/join_flow.py [--joins 2000] [--concurrency 200] [--scale 32]
      (about 12 minutes; prints a table; writes bench/results/join_flow.json)
 
-What runs: the pinned etcd and kube-apiserver (`superkube.lab.apiserver`), with the production role's
+What runs: the pinned etcd and kube-apiserver (`superkube.harness.apiserver`), with the production role's
 authentication, authorization and admission, and kube-controller-manager from the same build running
 its csrapproving and csrsigning controllers, each as its own service account, at the role's client
 rate. The kube_apiserver role's bootstrap objects (its bootstrap.yaml.j2 as a converge renders it
@@ -11,7 +11,7 @@ over the flagship's plan) give the joining nodes their bootstrap token, the node
 and auto-approval. As in production, every node joins with the one token (so every bootstrap
 request is one user, one APF flow); `--per-node-tokens` gives each node its own.
 
-A join (`superkube.lab.joins`) is what a kubelet sends on first start: as the token it creates a CSR
+A join (`superkube.harness.joins`) is what a kubelet sends on first start: as the token it creates a CSR
 and watches it until it is approved and signed; then, as `system:node:<name>` with the issued
 certificate, it creates its Node and its Lease. A request answered 429 is retried after Retry-After
 and counted. `--concurrency` joins run at once until all `--joins` have run.
@@ -56,7 +56,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from modules.platform import flowcontrol  # noqa: E402
 from superkube.cluster import kube  # noqa: E402
-from superkube.lab import apiserver, joins  # noqa: E402
+from superkube.harness import apiserver, joins  # noqa: E402
 from superkube.plan import checks  # noqa: E402
 from superkube.plan import engine as planning  # noqa: E402
 
@@ -133,7 +133,7 @@ def steady_setup(api: apiserver.LocalApi) -> Path:
 
 def start_steady(api: apiserver.LocalApi, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     pk = api.dir / "pki"
-    argv = [sys.executable, "-m", "superkube.lab.joins", "steady", api.url, str(pk / "ca.crt"),
+    argv = [sys.executable, "-m", "superkube.harness.joins", "steady", api.url, str(pk / "ca.crt"),
             str(pk / f"{STEADY_USER}.crt"), str(pk / f"{STEADY_USER}.key"), NAMESPACE, str(seconds), str(out)]  # fmt: skip
     return subprocess.Popen(
         argv,

@@ -34,16 +34,20 @@ from _lab import converged  # noqa: E402  (bench/ is the script's folder)
 
 from superkube.cluster import monitoring  # noqa: E402
 from superkube.lab import hosts as lab  # noqa: E402
+from superkube.lab import machines  # noqa: E402
+from superkube.lab.state import Lab  # noqa: E402
 
 HOST = "monitoring-1"
 
 
-def query(the_lab: lab.Lab, port: int, expr: str) -> list[dict[str, Any]]:
-    out = lab.run_on(the_lab, HOST, f"curl -sf 'http://127.0.0.1:{port}/api/v1/query?query={quote(expr)}'")
+def query(the_lab: Lab, port: int, expr: str) -> list[dict[str, Any]]:
+    out = machines.run_on(
+        the_lab, HOST, f"curl -sf 'http://127.0.0.1:{port}/api/v1/query?query={quote(expr)}'"
+    )
     return list(json.loads(out)["data"]["result"])
 
 
-def per_job(the_lab: lab.Lab, port: int) -> dict[str, dict[str, float]]:
+def per_job(the_lab: Lab, port: int) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
     for metric, key in (
         ("scrape_samples_scraped", "before"),
@@ -54,7 +58,7 @@ def per_job(the_lab: lab.Lab, port: int) -> dict[str, dict[str, float]]:
     return rows
 
 
-def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
+def drop_figures(the_lab: Lab) -> dict[str, dict[str, float]]:
     from test_prometheus import apiserver_page  # the test suite's API-server-shaped page
 
     rows: dict[str, dict[str, float]] = {}
@@ -62,7 +66,7 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
         rows.update(per_job(the_lab, port))
     # a real etcd member on the monitoring host, and the synthetic API-server page, scraped through
     # their jobs' drop rules by a third Prometheus
-    lab.run_on(
+    machines.run_on(
         the_lab,
         HOST,
         "systemd-run --unit bench-etcd etcd --data-dir /var/tmp/bench-etcd --listen-client-urls http://127.0.0.1:23790 "
@@ -70,8 +74,8 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
         "--initial-advertise-peer-urls http://127.0.0.1:23800 --initial-cluster default=http://127.0.0.1:23800 "
         "--listen-metrics-urls http://127.0.0.1:23810",
     )
-    lab.put(the_lab, HOST, "/var/tmp/bench-page/metrics", apiserver_page())
-    lab.run_on(
+    machines.put(the_lab, HOST, "/var/tmp/bench-page/metrics", apiserver_page())
+    machines.run_on(
         the_lab,
         HOST,
         "systemd-run --unit bench-page python3 -m http.server 23820 --bind 127.0.0.1 -d /var/tmp/bench-page",
@@ -92,8 +96,8 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
             },
         ],
     }
-    lab.put(the_lab, HOST, "/var/tmp/bench-prom/prometheus.yml", json.dumps(config))
-    lab.run_on(
+    machines.put(the_lab, HOST, "/var/tmp/bench-prom/prometheus.yml", json.dumps(config))
+    machines.run_on(
         the_lab,
         HOST,
         "systemd-run --unit bench-prom prometheus --config.file=/var/tmp/bench-prom/prometheus.yml "
@@ -109,11 +113,11 @@ def drop_figures(the_lab: lab.Lab) -> dict[str, dict[str, float]]:
         except lab.LabError:
             pass
         time.sleep(2)
-    lab.run_on(the_lab, HOST, "systemctl stop bench-etcd bench-page bench-prom")
+    machines.run_on(the_lab, HOST, "systemctl stop bench-etcd bench-page bench-prom")
     return rows
 
 
-def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float]:
+def store_figures(the_lab: Lab, series: int, points: int) -> dict[str, float]:
     # one text file, Prometheus exposition with timestamps: `series` counters, `points` samples each
     now = int(time.time()) - points * 15 - 3600
     lines = []
@@ -122,11 +126,11 @@ def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float
         for s in range(series):
             lines.append(f'bench_counter{{host="h{s % 500}",series="{s}"}} {p * 10 + s % 7} {ts}')
     body = "\n".join(lines) + "\n"
-    lab.put(the_lab, HOST, "/var/tmp/bench-store/samples.prom", body)
+    machines.put(the_lab, HOST, "/var/tmp/bench-store/samples.prom", body)
     samples = series * points
-    before = lab.run_on(the_lab, HOST, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
+    before = machines.run_on(the_lab, HOST, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
     start = time.monotonic()
-    lab.run_on(
+    machines.run_on(
         the_lab,
         HOST,
         "curl -sf --data-binary @/var/tmp/bench-store/samples.prom http://127.0.0.1:8428/api/v1/import/prometheus",
@@ -142,12 +146,12 @@ def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float
             raise SystemExit(f"the store counts {total:.0f} of {samples} imported samples after 300 s")
         time.sleep(0.2)
     seconds = time.monotonic() - start
-    lab.run_on(
+    machines.run_on(
         the_lab,
         HOST,
         "curl -s http://127.0.0.1:8428/internal/force_flush; sleep 6; curl -s http://127.0.0.1:8428/internal/force_merge; sleep 10",
     )
-    after = lab.run_on(the_lab, HOST, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
+    after = machines.run_on(the_lab, HOST, "du -sb /var/lib/private/superkube-victoria-metrics | cut -f1")
     vm_bytes = int(after) - int(before)
     # the same samples as a Prometheus TSDB block (OpenMetrics wants seconds and an EOF marker)
     om = (
@@ -155,14 +159,14 @@ def store_figures(the_lab: lab.Lab, series: int, points: int) -> dict[str, float
         + "\n".join(line.rsplit(" ", 1)[0] + f" {int(line.rsplit(' ', 1)[1]) / 1000:.3f}" for line in lines)
         + "\n# EOF\n"
     )
-    lab.put(the_lab, HOST, "/var/tmp/bench-store/samples.om", om)
-    lab.run_on(
+    machines.put(the_lab, HOST, "/var/tmp/bench-store/samples.om", om)
+    machines.run_on(
         the_lab,
         HOST,
         "rm -rf /var/tmp/bench-store/tsdb && promtool tsdb create-blocks-from openmetrics /var/tmp/bench-store/samples.om /var/tmp/bench-store/tsdb >/dev/null",
         timeout=600,
     )
-    prom_bytes = int(lab.run_on(the_lab, HOST, "du -sb /var/tmp/bench-store/tsdb | cut -f1"))
+    prom_bytes = int(machines.run_on(the_lab, HOST, "du -sb /var/tmp/bench-store/tsdb | cut -f1"))
     return {
         "samples": samples,
         "ingest_seconds": seconds,

@@ -32,7 +32,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from _lab import converged  # noqa: E402  (bench/ is the script's folder)
 
-from superkube.lab import hosts as lab  # noqa: E402
+from superkube.lab import machines  # noqa: E402
+from superkube.lab.state import Lab  # noqa: E402
 from superkube.model.rates import parse_rate  # noqa: E402
 
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
@@ -64,9 +65,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def iperf(the_lab: lab.Lab, host: str, target: str, seconds: int, pod: str = "") -> float:
+def iperf(the_lab: Lab, host: str, target: str, seconds: int, pod: str = "") -> float:
     inside = f"ip netns exec {pod} " if pod else ""
-    out = json.loads(lab.run_on(the_lab, host, f"{inside}iperf3 -c {target} -t {seconds} -J"))
+    out = json.loads(machines.run_on(the_lab, host, f"{inside}iperf3 -c {target} -t {seconds} -J"))
     return float(out["end"]["sum_received"]["bits_per_second"])
 
 
@@ -74,22 +75,22 @@ def pod_ip(result: str) -> str:
     return str(json.loads(result)["ips"][0]["address"].split("/")[0])
 
 
-def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, Any]:
+def measure(the_lab: Lab, pods: int, seconds: int, reps: int) -> dict[str, Any]:
     for host in ("gpu-1", "gpu-2"):
         for name in ("lab/cnirun.py", "model/rates.py"):
-            lab.put(
+            machines.put(
                 the_lab, host, f"/root/cni/{Path(name).name}", (ROOT / "src" / "superkube" / name).read_text()
             )
-    lab.put(the_lab, "gpu-1", "/root/cni/stock.conflist", json.dumps(STOCK))
-    conf = json.loads(lab.run_on(the_lab, "gpu-1", f"cat {CONFLIST}"))
+    machines.put(the_lab, "gpu-1", "/root/cni/stock.conflist", json.dumps(STOCK))
+    conf = json.loads(machines.run_on(the_lab, "gpu-1", f"cat {CONFLIST}"))
     conf["plugins"][1]["type"] = "bandwidth"  # the same chain, the standard plugin given the CRI burst
-    lab.put(the_lab, "gpu-1", "/root/cni/stock-shaping.conflist", json.dumps(conf))
+    machines.put(the_lab, "gpu-1", "/root/cni/stock-shaping.conflist", json.dumps(conf))
     out: dict[str, Any] = {}
 
     print(f"CNI ADD latency over {pods} pods ...", flush=True)
-    ours = json.loads(lab.run_on(the_lab, "gpu-1", f"{CNIRUN} bench {pods}", timeout=600))["add_seconds"]
+    ours = json.loads(machines.run_on(the_lab, "gpu-1", f"{CNIRUN} bench {pods}", timeout=600))["add_seconds"]
     stock = json.loads(
-        lab.run_on(
+        machines.run_on(
             the_lab, "gpu-1", f"{CNIRUN} bench {pods} --conflist /root/cni/stock.conflist", timeout=600
         )
     )["add_seconds"]
@@ -99,9 +100,9 @@ def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, A
     }
 
     print("pod-to-pod vs node-to-node throughput ...", flush=True)
-    a = pod_ip(lab.run_on(the_lab, "gpu-1", f"{CNIRUN} add bench-a"))
-    b = pod_ip(lab.run_on(the_lab, "gpu-2", f"{CNIRUN} add bench-b"))
-    lab.run_on(the_lab, "gpu-2", "iperf3 -s -D && ip netns exec bench-b iperf3 -s -D -p 5201")
+    a = pod_ip(machines.run_on(the_lab, "gpu-1", f"{CNIRUN} add bench-a"))
+    b = pod_ip(machines.run_on(the_lab, "gpu-2", f"{CNIRUN} add bench-b"))
+    machines.run_on(the_lab, "gpu-2", "iperf3 -s -D && ip netns exec bench-b iperf3 -s -D -p 5201")
     time.sleep(0.5)
     del a
     pod_rates, node_rates = [], []
@@ -112,11 +113,11 @@ def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, A
         "pod_to_pod": statistics.median(pod_rates) / 1e9,
         "node_to_node": statistics.median(node_rates) / 1e9,
     }
-    lab.run_on(the_lab, "gpu-1", f"{CNIRUN} del bench-a")
-    lab.run_on(the_lab, "gpu-2", f"pkill -x iperf3; {CNIRUN} del bench-b")
+    machines.run_on(the_lab, "gpu-1", f"{CNIRUN} del bench-a")
+    machines.run_on(the_lab, "gpu-2", f"pkill -x iperf3; {CNIRUN} del bench-b")
 
     print("egress shaping ...", flush=True)
-    lab.run_on(the_lab, "internet", "iperf3 -s -D")
+    machines.run_on(the_lab, "internet", "iperf3 -s -D")
     internet = the_lab.host("internet").address
     out["shaping"] = {}
     for limit in LIMITS:
@@ -125,11 +126,11 @@ def measure(the_lab: lab.Lab, pods: int, seconds: int, reps: int) -> dict[str, A
             ("ours", CONFLIST),
             ("standard plugin, CRI burst", "/root/cni/stock-shaping.conflist"),
         ):
-            lab.run_on(the_lab, "gpu-1", f"{CNIRUN} add shaped --egress {limit} --conflist {conflist}")
+            machines.run_on(the_lab, "gpu-1", f"{CNIRUN} add shaped --egress {limit} --conflist {conflist}")
             try:
                 row[name] = iperf(the_lab, "gpu-1", internet, seconds, pod="shaped") / parse_rate(limit)
             finally:
-                lab.run_on(the_lab, "gpu-1", f"{CNIRUN} del shaped --conflist {conflist}")
+                machines.run_on(the_lab, "gpu-1", f"{CNIRUN} del shaped --conflist {conflist}")
         out["shaping"][limit] = row
     return out
 

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench._lab import converged  # noqa: E402
-from superkube.lab import hosts as lab  # noqa: E402
-from superkube.lab import layer, nodes  # noqa: E402
+from superkube.lab import layer, machines, nodes  # noqa: E402
+from superkube.lab.state import Lab  # noqa: E402
 
 CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
 NODE = "cpu-1"
@@ -46,7 +46,7 @@ spec:
 """
 
 
-def kubectl(fleet: lab.Lab, *args: str, stdin: str | None = None) -> str:
+def kubectl(fleet: Lab, *args: str, stdin: str | None = None) -> str:
     proc = subprocess.run(
         [*layer.kubectl(fleet), *args], input=stdin, capture_output=True, text=True, timeout=300
     )
@@ -55,7 +55,7 @@ def kubectl(fleet: lab.Lab, *args: str, stdin: str | None = None) -> str:
     return proc.stdout
 
 
-def delete_pods(fleet: lab.Lab) -> None:
+def delete_pods(fleet: Lab) -> None:
     """Every pod of this benchmark, gone (sandboxes and IPs released) before the call returns."""
     kubectl(
         fleet,
@@ -70,7 +70,7 @@ def delete_pods(fleet: lab.Lab) -> None:
     )
 
 
-def ready_at(fleet: lab.Lab, names: set[str], start: float, timeout_s: float = 300) -> dict[str, float]:
+def ready_at(fleet: Lab, names: set[str], start: float, timeout_s: float = 300) -> dict[str, float]:
     """Seconds from `start` until each named pod was first seen Ready."""
     seen: dict[str, float] = {}
     while len(seen) < len(names):
@@ -111,7 +111,7 @@ STOCK_CONFLIST = {
 APISERVER_PKI = "/etc/kubernetes/pki"  # the kube_apiserver role's kube_apiserver_host_pki_dir
 
 
-def sandbox_seconds(fleet: lab.Lab) -> tuple[float, int, int]:
+def sandbox_seconds(fleet: Lab) -> tuple[float, int, int]:
     """The kubelet's RunPodSandbox calls so far on NODE: (seconds in all, calls, calls that failed).
     Read on an API server host with the API server's own kubelet client certificate, as the API
     server would: its node proxy refuses the kubelet's self-signed serving certificate (no IP SANs,
@@ -119,7 +119,7 @@ def sandbox_seconds(fleet: lab.Lab) -> tuple[float, int, int]:
     api = next(h for h in fleet.hosts if h.group == "apiservers")
     client = f"{APISERVER_PKI}/apiserver-kubelet-client"
     url = f"https://{fleet.host(NODE).address}:10250/metrics"
-    proc = lab.ssh(fleet, api, f"curl -sS --fail -k --cert {client}.crt --key {client}.key {url}")
+    proc = machines.ssh(fleet, api, f"curl -sS --fail -k --cert {client}.crt --key {client}.key {url}")
     if proc.returncode != 0:
         raise SystemExit(f"{api.name}: reading {url}: {proc.stderr.strip()}")
     total, count, errors = 0.0, 0, 0
@@ -135,25 +135,25 @@ def sandbox_seconds(fleet: lab.Lab) -> tuple[float, int, int]:
     return total, count, errors
 
 
-def pod_ips(fleet: lab.Lab) -> list[str]:
+def pod_ips(fleet: Lab) -> list[str]:
     listed = kubectl(fleet, "-n", "kube-system", "get", "pods", "-l", "bench=real-nodes", "-o", "json")
     return [p["status"].get("podIP", "") for p in json.loads(listed)["items"]]
 
 
-def on_chain(fleet: lab.Lab, chain: str, ip: str) -> bool:
+def on_chain(fleet: Lab, chain: str, ip: str) -> bool:
     """Whether a pod's IP is the one `chain` gives: the stock bridge's range, or one of NODE's NIC IPs."""
     if chain == "stock":
         return ip.startswith("10.250.")
     return ip in fleet.host(NODE).secondary
 
 
-def switch(fleet: lab.Lab, chain: str, image: str, tag: str) -> None:
+def switch(fleet: Lab, chain: str, image: str, tag: str) -> None:
     """Put `chain` in place on NODE, and wait until containerd uses it: a probe pod gets its IP from
     it (containerd reloads the directory on a change, a moment later). The probe is gone after."""
     if chain == "stock":
-        lab.put(fleet, NODE, STOCK_BRIDGE, json.dumps(STOCK_CONFLIST))
+        machines.put(fleet, NODE, STOCK_BRIDGE, json.dumps(STOCK_CONFLIST))
     else:
-        lab.ssh(fleet, fleet.host(NODE), f"rm -f {STOCK_BRIDGE}")
+        machines.ssh(fleet, fleet.host(NODE), f"rm -f {STOCK_BRIDGE}")
     deadline = time.monotonic() + 120
     for attempt in range(100):
         name = f"probe-{tag}-{attempt}"
@@ -168,7 +168,7 @@ def switch(fleet: lab.Lab, chain: str, image: str, tag: str) -> None:
         time.sleep(2)
 
 
-def sandbox_failures(fleet: lab.Lab, names: set[str]) -> list[str]:
+def sandbox_failures(fleet: Lab, names: set[str]) -> list[str]:
     """What the kubelet said of each failed sandbox of these pods (its FailedCreatePodSandBox events)."""
     listed = kubectl(
         fleet,
@@ -183,7 +183,7 @@ def sandbox_failures(fleet: lab.Lab, names: set[str]) -> list[str]:
     return [e["message"][-200:] for e in json.loads(listed)["items"] if e["involvedObject"]["name"] in names]
 
 
-def sandboxes(fleet: lab.Lab, chain: str, pods: int, image: str, tag: str, tries: int = 3) -> float:
+def sandboxes(fleet: Lab, chain: str, pods: int, image: str, tag: str, tries: int = 3) -> float:
     """Mean RunPodSandbox seconds for `pods` pods created at once on NODE with `chain` in place. A
     round in which any sandbox failed (the kubelet retries it, and the failed call's time would
     count) is said, with the kubelet's reasons, and run again, up to `tries` times."""
@@ -255,7 +255,7 @@ def main() -> None:
                 means[chain].append(sandboxes(fleet, chain, args.cni_pods, image, f"{chain}-{i}"))
                 print(f"  {chain}: {means[chain][-1] * 1000:.0f} ms per sandbox", flush=True)
         finally:
-            lab.ssh(fleet, fleet.host(NODE), f"rm -f {STOCK_BRIDGE}")
+            machines.ssh(fleet, fleet.host(NODE), f"rm -f {STOCK_BRIDGE}")
     ours, stock = statistics.mean(means["ours"]), statistics.mean(means["stock"])
     print(
         f"RunPodSandbox mean: ours {ours * 1000:.0f} ms, stock bridge {stock * 1000:.0f} ms, ratio {ours / stock:.2f}"

@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from bench._lab import converged  # noqa: E402
 from superkube.lab import agent_pods, layer, nodes, scaleout  # noqa: E402
-from superkube.lab import hosts as lab  # noqa: E402
+from superkube.lab.state import Lab  # noqa: E402
 
 CONTROL_PLANE = "gpu_nodes=1,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
 RESULTS = ROOT / "bench" / "results" / "scale_out.json"
@@ -56,7 +56,7 @@ def main() -> None:
         baked_s = time.monotonic() - started
         published = scaleout.publish(fleet)
         image = scaleout.scale_out(fleet, pool, args.count, progress=say)
-        fleet = lab.Lab.load() or fleet
+        fleet = Lab.load() or fleet
         today = scaleout.scale_out_by_converge(fleet, pool, args.count, progress=say)
         doc = {
             "count": args.count,

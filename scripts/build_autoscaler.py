@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build cluster-autoscaler with its kwok cloud provider for the lab (`superkube.lab.autoscaler`).
+"""Build cluster-autoscaler with its kwok cloud provider for the lab (`superkube.harness.autoscaler`).
 
 cluster-autoscaler is not published as a Go module the lab's build can fetch, so this builds it from
 a git clone of kubernetes/autoscaler, at the tag of the release superkube pins:
@@ -9,7 +9,7 @@ a git clone of kubernetes/autoscaler, at the tag of the release superkube pins:
 It exports the tag's `cluster-autoscaler/` tree into a scratch folder (the clone is left as it
 was), checks the release's own version constant, makes the one lab change below, and runs
 `go build -tags kwok` (only the kwok provider compiled in) into the lab's build cache, where
-`superkube.lab.autoscaler.binary()` finds it. Go fetches the modules the release's go.mod names.
+`superkube.harness.autoscaler.binary()` finds it. Go fetches the modules the release's go.mod names.
 
 Two lab changes, both in the kwok provider, each making it behave as Azure's provider does:
 
@@ -42,7 +42,7 @@ sys.path[:0] = [str(ROOT / "src")]
 
 from superkube.agents import scale_governor  # noqa: E402
 from superkube.cluster import autoscaling  # noqa: E402
-from superkube.lab import autoscaler  # noqa: E402
+from superkube.harness import autoscaler  # noqa: E402
 
 PROVIDER = "cloudprovider/kwok/kwok_provider.go"
 ANCHOR = "\tkubeClient := kubeclient.NewForConfigOrDie(restConfig)\n"

@@ -15,8 +15,8 @@ from modules.platform.flowcontrol import NodeJoinFlowArgs
 from policies.rules import ALL_RULES
 from superkube.agents import scale_governor
 from superkube.cluster import autoscaling
-from superkube.lab import autoscaler as ca_lab
-from superkube.lab import build
+from superkube.harness import autoscaler as ca_lab
+from superkube.harness import build
 from superkube.plan import engine as planning
 from superkube.plan import layer
 from tests.conftest import ROOT

@@ -1,5 +1,5 @@
 """The real API server the agents' tests run against (etcd and kube-apiserver at the pinned versions,
-on loopback: `superkube.lab.apiserver`), one per test session, and what tests make on it: nodes,
+on loopback: `superkube.harness.apiserver`), one per test session, and what tests make on it: nodes,
 pods bound to them, service accounts and the tokens a kubelet would mint for a pod."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from superkube.lab import apiserver
-from superkube.lab.apiserver import LocalApi
+from superkube.harness import apiserver
+from superkube.harness.apiserver import LocalApi
 
 _names = itertools.count()
 

@@ -18,7 +18,7 @@ from superkube.agents import gpu_probe
 from superkube.agents import node_health as nh
 from superkube.agents.kubeapi import Kube
 from superkube.cli import app
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model.spec import POOL_LABEL
 from tests.agents.conftest import make_node, unique
 from tests.agents.test_node_health import free_port, run_agent, verdict_of

@@ -23,7 +23,7 @@ from superkube.agents import node_health as nh
 from superkube.agents import preflight as pf
 from superkube.cli import app
 from superkube.cluster import render
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model import vmsizes
 from superkube.model.spec import POOL_LABEL
 from tests.agents.conftest import admin, identity, make_node, namespace, unique
@@ -288,7 +288,7 @@ def client_of(kubeconfig: Path) -> Any:
 
 def test_without_an_api_server_the_result_is_said_and_the_exit_is_3(api: LocalApi, tmp_path: Path) -> None:
     """The server's address with nothing listening there (the server's CA, a port no one holds)."""
-    from superkube.lab import apiserver
+    from superkube.harness import apiserver
 
     gone = apiserver.kubeconfig(tmp_path / "k", f"https://127.0.0.1:{apiserver.free_port()}",
                                 api.dir / "pki" / "ca.crt", {"token": "unused"})  # fmt: skip

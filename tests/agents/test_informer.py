@@ -18,7 +18,7 @@ from superkube.agents import team_taints
 from superkube.agents.informer import Gone, Informer
 from superkube.agents.kubeapi import Kube
 from superkube.agents.leader import Lease
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model import teams
 from tests.agents.conftest import admin, make_node, unique
 

@@ -28,8 +28,8 @@ from superkube.agents import join_tokens as jt
 from superkube.agents import scale_governor as gov
 from superkube.cluster import cloudinit, join
 from superkube.cluster.kube import SYSTEM_NAMESPACE
-from superkube.lab import apiserver
-from superkube.lab.apiserver import LocalApi
+from superkube.harness import apiserver
+from superkube.harness.apiserver import LocalApi
 from tests.agents.conftest import apply, unique
 from tests.agents.test_scale_governor_service import CLIENT_ID, SCOPE, VMSS, FakeAzure, _Handler
 

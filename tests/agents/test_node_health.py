@@ -22,7 +22,7 @@ from superkube.agents import gpu_probe, kubeapi
 from superkube.agents import node_health as nh
 from superkube.cluster import render
 from superkube.cluster.cloudinit import POOL_LABEL
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.agents.conftest import admin, apply, identity, make_node, namespace, unique
 

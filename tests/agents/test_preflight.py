@@ -18,7 +18,7 @@ from superkube.agents import gpu_probe
 from superkube.agents import preflight as pf
 from superkube.cluster import render
 from superkube.cluster.cloudinit import POOL_LABEL
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.agents.conftest import admin, identity, make_node, namespace, unique
 from tests.agents.conftest import apply as apply_objects

@@ -22,7 +22,7 @@ import yaml
 from superkube.agents import gpu_probe, kubeapi, team_taints
 from superkube.agents import node_health as nh
 from superkube.agents.kubeapi import Kube
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model import teams
 from tests.agents.conftest import account, admin, apply, identity, make_node, make_pod, namespace, unique
 
@@ -474,7 +474,7 @@ def test_a_teams_own_admin_cannot_change_its_namespaces_team(api: LocalApi) -> N
     role's rules are the roles it aggregates (no controller-manager aggregates them here)."""
     import subprocess
 
-    from superkube.lab import apiserver
+    from superkube.harness import apiserver
 
     ns = namespace(api, unique("research"), {teams.TEAM_KEY: "research"})
     apply(api, *({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -18,9 +18,9 @@ import yaml
 from modules.platform import autoscaler as autoscaler_rbac
 from superkube.agents import scale_governor as gov
 from superkube.cluster import autoscaling
-from superkube.lab import apiserver
-from superkube.lab import autoscaler as ca_lab
-from superkube.lab.apiserver import LocalApi
+from superkube.harness import apiserver
+from superkube.harness import autoscaler as ca_lab
+from superkube.harness.apiserver import LocalApi
 from superkube.plan.engine import Plan
 from tests.agents.conftest import apply
 

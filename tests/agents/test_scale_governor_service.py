@@ -28,7 +28,7 @@ import pytest
 from modules.platform import autoscaler as autoscaler_rbac
 from superkube.agents import scale_governor as gov
 from superkube.cluster import autoscaling
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from tests.agents.conftest import apply
 from tests.agents.test_scale_governor import group, status
 

@@ -27,8 +27,8 @@ from modules.platform.foundation import NAMESPACE
 from superkube.agents import serving_certs as sc
 from superkube.agents.kubeapi import Kube
 from superkube.cluster.kube import SERVING_CERTS_MODULE
-from superkube.lab import apiserver
-from superkube.lab.apiserver import LocalApi, free_port
+from superkube.harness import apiserver
+from superkube.harness.apiserver import LocalApi, free_port
 from tests.agents.conftest import admin, apply, identity, make_node, namespace, unique
 
 SERVER_USAGES = ["digital signature", "server auth"]  # what a kubelet asks for with an ECDSA key

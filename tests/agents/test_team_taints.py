@@ -17,9 +17,9 @@ import yaml
 
 from superkube.agents import team_taints
 from superkube.agents.team_taints import Reconciler
-from superkube.lab import apiserver
-from superkube.lab.apiserver import ADMIN_USER as ADMIN
-from superkube.lab.apiserver import LocalApi, free_port
+from superkube.harness import apiserver
+from superkube.harness.apiserver import ADMIN_USER as ADMIN
+from superkube.harness.apiserver import LocalApi, free_port
 from superkube.model import teams
 from tests.agents.conftest import admin, make_node
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from tests.agents.conftest import make_node, unique
 from tests.conftest import ROOT
 

@@ -24,7 +24,7 @@ from superkube.agents.kubeapi import Kube
 from superkube.cli import app
 from superkube.cluster import roll
 from superkube.fleet import arm, scalesets
-from superkube.lab.apiserver import LocalApi
+from superkube.harness.apiserver import LocalApi
 from superkube.model.spec import POOL_LABEL, PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
 from superkube.plan import engine as planning
 from tests.agents.conftest import admin, make_node, make_pod, namespace, unique

@@ -1,4 +1,4 @@
-"""What the lab's cluster-autoscaler runs with (`superkube.lab.autoscaler`), checked without running it:
+"""What the lab's cluster-autoscaler runs with (`superkube.harness.autoscaler`), checked without running it:
 the plan's scale sets as its node groups, the plan's command line with only the provider swapped,
 and the settings `bench/autoscaler.py` compares. The binary is built in a session from a checkout
 (scripts/build_autoscaler.py), not here: this keeps the benchmark's configuration honest."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from superkube.cluster import autoscaling, cloudinit
-from superkube.lab import autoscaler as ca_lab
-from superkube.lab.errors import LabError
+from superkube.harness import autoscaler as ca_lab
+from superkube.harness.errors import HarnessError
 from superkube.model import teams
 from superkube.plan.engine import Plan
 
@@ -32,7 +32,7 @@ def test_each_gpu_scale_set_is_a_node_group_with_its_tags(flagship_plan: Plan) -
 
 
 def test_a_plan_without_that_pool_says_so(flagship_plan: Plan) -> None:
-    with pytest.raises(LabError, match="no autoscaled scale set in pool tpu"):
+    with pytest.raises(HarnessError, match="no autoscaled scale set in pool tpu"):
         ca_lab.scale_sets(flagship_plan, pool="tpu")
 
 
@@ -95,6 +95,7 @@ def test_without_the_built_binary_the_lab_says_how_to_build_it(
 ) -> None:
     monkeypatch.setattr(ca_lab, "CACHE", tmp_path)
     with pytest.raises(
-        LabError, match=re.escape("run scripts/build_autoscaler.py with a checkout of kubernetes/autoscaler")
+        HarnessError,
+        match=re.escape("run scripts/build_autoscaler.py with a checkout of kubernetes/autoscaler"),
     ):
         ca_lab.binary("1.35.2")

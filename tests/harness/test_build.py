@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from superkube.cluster import gang
-from superkube.lab import build
+from superkube.harness import build
 
 ROOT = Path(__file__).resolve().parents[2]
 SUPERKUBE = [sys.executable, "-m", "superkube.cli"]

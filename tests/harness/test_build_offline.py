@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from superkube.cli import app
-from superkube.lab import build
+from superkube.harness import build
 
 runner = CliRunner()
 

@@ -2,7 +2,7 @@
 made into a PodGroup and pods by the real MPI Operator (v0.8.2), placed by the real gang scheduler
 (scheduler-plugins' kube-scheduler with the gang_scheduler role's configuration), the PodGroups kept
 by the real scheduler-plugins controller, all with the in-cluster layer's flags and RBAC, on a real
-API server (`superkube.lab.gang`). kwok plays the kubelets of the flagship's GPU nodes (8 GPUs each,
+API server (`superkube.harness.gang`). kwok plays the kubelets of the flagship's GPU nodes (8 GPUs each,
 the plan's labels and the taints its kubelets and the team reconciler leave) and ends a launcher when
 a test says so.
 """
@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from superkube.cli import app
 from superkube.cluster.kube import SYSTEM_NAMESPACE
-from superkube.lab import apiserver, kwok
-from superkube.lab import gang as gang_lab
+from superkube.harness import apiserver, kwok
+from superkube.harness import gang as gang_lab
 from superkube.plan import checks, layer
 from superkube.plan.engine import Plan
 

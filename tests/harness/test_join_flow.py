@@ -1,10 +1,10 @@
 """Joining nodes' requests on a real API server: how API Priority and Fairness classifies each step of
 a kubelet's TLS bootstrap, before and after the layer's flow-control objects are applied.
 
-The pinned kube-apiserver and etcd on loopback (`superkube.lab.apiserver`), the controller-manager's
+The pinned kube-apiserver and etcd on loopback (`superkube.harness.apiserver`), the controller-manager's
 csrapproving and csrsigning controllers from the same build, and the kube_apiserver role's own
 bootstrap objects, rendered over the flagship's plan. Each join is a kubelet's sequence
-(`superkube.lab.joins`): CSR create and watch as its bootstrap token, then its Node and Lease as the
+(`superkube.harness.joins`): CSR create and watch as its bootstrap token, then its Node and Lease as the
 node. The storm itself, timed, is `bench/join_flow.py`.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from modules.platform import flowcontrol
-from superkube.lab import apiserver, joins
+from superkube.harness import apiserver, joins
 from superkube.plan import checks
 from superkube.plan.engine import Plan
 

@@ -12,8 +12,8 @@ import pytest
 
 from superkube.agents import kubeapi
 from superkube.agents import node_health as nh
-from superkube.lab import kwok as kwok_lab
-from superkube.lab.apiserver import LocalApi
+from superkube.harness import kwok as kwok_lab
+from superkube.harness.apiserver import LocalApi
 from tests.agents.conftest import admin, make_pod, namespace, unique
 from tests.agents.test_real_api import controller
 

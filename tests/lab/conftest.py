@@ -15,7 +15,8 @@ import pytest
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
-from superkube.lab import layer
+from superkube.lab import layer, machines, processes
+from superkube.lab.state import STATE_DIR, Lab
 
 FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-plane group
 # the control plane, and one node of each kind plus the NAT host to join it
@@ -29,10 +30,10 @@ class Labs:
 
     def __init__(self) -> None:
         self.shape: str | None = None
-        self.current: lab.Lab | None = None
+        self.current: Lab | None = None
         self.converged: dict[str | None, runner.ConvergeResult] = {}
 
-    def get(self, shape: str) -> lab.Lab:
+    def get(self, shape: str) -> Lab:
         if shape != self.shape or self.current is None:
             lab.down()  # the previous shape, or a lab left by an interrupted run
             self.current = lab.up(shape, lambda what, fraction: None)
@@ -40,7 +41,7 @@ class Labs:
             self.converged = {}
         return self.current
 
-    def converge(self, fleet: lab.Lab, tags: str | None = None) -> runner.ConvergeResult:
+    def converge(self, fleet: Lab, tags: str | None = None) -> runner.ConvergeResult:
         """Converge this lab once (for these tags): the next module of the same shape finds its hosts
         as the first left them, and a run over a few hundred tasks per host costs minutes here. That
         a second run changes nothing is a test of its own (test_split_control_plane)."""
@@ -64,36 +65,36 @@ class Labs:
 def labs() -> Iterator[Labs]:
     held = Labs()
     yield held
-    in_lab = [pid for name in lab._lab_namespaces() for pid in lab._namespace_pids(name)]
-    clients = lab._lab_clients(lab.STATE_DIR)
+    in_lab = [pid for name in processes.lab_namespaces() for pid in processes.namespace_pids(name)]
+    clients = processes.lab_clients(STATE_DIR)
     lab.down()
-    assert lab._leftovers() == []
-    still = [pid for pid in in_lab + clients if lab.running(pid)]
+    assert processes.leftovers() == []
+    still = [pid for pid in in_lab + clients if processes.running(pid)]
     assert still == [], f"processes of the lab outlived lab down: {still}"
 
 
 @pytest.fixture(scope="module")
-def fleet(labs: Labs) -> lab.Lab:
+def fleet(labs: Labs) -> Lab:
     return labs.get(FLEET)
 
 
 @pytest.fixture(scope="module")
-def pod_network(labs: Labs) -> lab.Lab:
+def pod_network(labs: Labs) -> Lab:
     return labs.get(POD_NETWORK)
 
 
 @pytest.fixture(scope="module")
-def monitored(labs: Labs) -> lab.Lab:
+def monitored(labs: Labs) -> Lab:
     return labs.get(POD_NETWORK)  # the same small lab: its nodes are what the monitoring host scrapes
 
 
 @pytest.fixture(scope="module")
-def control_plane(labs: Labs) -> lab.Lab:
+def control_plane(labs: Labs) -> Lab:
     return labs.get(CONTROL_PLANE)
 
 
 def kubectl(
-    fleet: lab.Lab, *args: str, stdin: str | None = None, timeout: float = 60
+    fleet: Lab, *args: str, stdin: str | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """The lab's built kubectl as the admin, from the switch namespace (where the API's address is)."""
     return subprocess.run(
@@ -101,23 +102,23 @@ def kubectl(
     )
 
 
-def ok(fleet: lab.Lab, *args: str, stdin: str | None = None) -> str:
+def ok(fleet: Lab, *args: str, stdin: str | None = None) -> str:
     proc = kubectl(fleet, *args, stdin=stdin)
     assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
     return proc.stdout
 
 
-def get(fleet: lab.Lab, *args: str) -> dict[str, Any]:
+def get(fleet: Lab, *args: str) -> dict[str, Any]:
     return dict(json.loads(ok(fleet, "get", *args, "-o", "json")))
 
 
-def sh(fleet: lab.Lab, host: str, command: str, timeout: float = 60) -> str:
-    proc = lab.ssh(fleet, fleet.host(host), command, timeout=timeout)
+def sh(fleet: Lab, host: str, command: str, timeout: float = 60) -> str:
+    proc = machines.ssh(fleet, fleet.host(host), command, timeout=timeout)
     assert proc.returncode == 0, f"{host}: {command}: {proc.stderr}"
     return proc.stdout
 
 
-def counters(fleet_: lab.Lab, host: str) -> dict[str, float]:
+def counters(fleet_: Lab, host: str) -> dict[str, float]:
     text = sh(fleet_, host, f"curl -s -m 5 http://127.0.0.1:{IPTABLES_EXPORTER_PORT}/metrics")
     out = {}
     for m in re.finditer(r"^iptables_rule_bytes_total\{([^}]*)\} (\S+)$", text, re.M):
@@ -152,7 +153,7 @@ print(c.recv(64).decode())"""
 
 
 def deliver(
-    fleet_: lab.Lab,
+    fleet_: Lab,
     sender: str,
     receiver: str,
     ip: str,
@@ -173,7 +174,7 @@ class NodeWatch:
     """Every version of the cluster's Nodes the API server sends a watch, from the list that opens it
     to `stop()`: how a Node looked when its kubelet registered it, before any agent changed it."""
 
-    def __init__(self, fleet: lab.Lab) -> None:
+    def __init__(self, fleet: Lab) -> None:
         command = [*layer.kubectl(fleet), "get", "nodes", "--watch", "--output-watch-events", "-o", "json"]
         self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.events: list[tuple[str, dict[str, Any]]] = []

@@ -15,12 +15,13 @@ from superkube.cli import app
 from superkube.cluster.kube import NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
+from superkube.lab.state import Lab
 from tests.lab.conftest import counters, sh
 
 STOPPED = ("cpu-2", "gpu-2")
 
 
-def test_two_hosts_stopped_mid_fleet_then_retried(fleet: lab.Lab) -> None:
+def test_two_hosts_stopped_mid_fleet_then_retried(fleet: Lab) -> None:
     stopper: list[threading.Thread] = []
 
     def on_update(hosts: dict[str, runner.HostResult]) -> None:
@@ -60,11 +61,11 @@ def test_two_hosts_stopped_mid_fleet_then_retried(fleet: lab.Lab) -> None:
         ).split() == ["active", "active"]
 
 
-def test_rules_come_back_at_boot_without_a_converge(fleet: lab.Lab) -> None:
+def test_rules_come_back_at_boot_without_a_converge(fleet: Lab) -> None:
     for name in ("gpu-2", "nat"):
         lab.stop_host(name)
         lab.start_host(name)
-    booted = lab.Lab.load()
+    booted = Lab.load()
     assert booted is not None
     for name in ("gpu-2", "nat"):
         hooks = sh(booted, name, "iptables -t mangle -S INPUT; iptables -t mangle -S OUTPUT")
@@ -74,7 +75,7 @@ def test_rules_come_back_at_boot_without_a_converge(fleet: lab.Lab) -> None:
     assert sh(booted, "nat", "sysctl -n net.ipv4.ip_forward").strip() == "1"
 
 
-def test_internet_traffic_is_counted_and_internal_traffic_is_not(fleet: lab.Lab) -> None:
+def test_internet_traffic_is_counted_and_internal_traffic_is_not(fleet: Lab) -> None:
     internet = fleet.host("internet").address
     peer = fleet.host("cpu-1").address
     before = counters(fleet, "gpu-1")

@@ -14,10 +14,12 @@ from superkube.cli import app
 from superkube.cluster import cloudinit
 from superkube.cluster.kube import NODE_EXPORTER_PORT
 from superkube.lab import hosts as lab
+from superkube.lab import machines, processes
+from superkube.lab.state import Lab
 from tests.lab.conftest import sh
 
 
-def test_every_host_is_booted_and_reachable(fleet: lab.Lab) -> None:
+def test_every_host_is_booted_and_reachable(fleet: Lab) -> None:
     state = lab.status()
     assert state["up"] and len(state["hosts"]) == 10
     assert all(h["running"] and h["ssh"] for h in state["hosts"]), state
@@ -26,7 +28,7 @@ def test_every_host_is_booted_and_reachable(fleet: lab.Lab) -> None:
         assert sh(fleet, h.name, "systemctl is-system-running").strip() == "running"
 
 
-def test_status_json_through_the_cli(fleet: lab.Lab) -> None:
+def test_status_json_through_the_cli(fleet: Lab) -> None:
     result = CliRunner().invoke(app, ["lab", "status", "--output", "json"])
     assert result.exit_code == 0
     assert {h["name"] for h in __import__("json").loads(result.stdout)["hosts"]} == {
@@ -34,7 +36,7 @@ def test_status_json_through_the_cli(fleet: lab.Lab) -> None:
     }
 
 
-def test_inventory_groups_match_production(fleet: lab.Lab) -> None:
+def test_inventory_groups_match_production(fleet: Lab) -> None:
     inventory = yaml.safe_load(fleet.inventory.read_text())["all"]
     groups = inventory["children"]
     for group in lab.GROUPS:
@@ -45,14 +47,14 @@ def test_inventory_groups_match_production(fleet: lab.Lab) -> None:
     assert not any(internet in IPv4Network(c) for c in inventory["vars"]["superkube_cluster_cidrs"])
 
 
-def test_each_host_has_its_own_root_over_the_shared_image(fleet: lab.Lab) -> None:
+def test_each_host_has_its_own_root_over_the_shared_image(fleet: Lab) -> None:
     sh(fleet, "gpu-1", "echo only-here > /root/marker")
     assert sh(fleet, "gpu-1", "cat /root/marker").strip() == "only-here"
     assert "absent" in sh(fleet, "gpu-2", "cat /root/marker 2>/dev/null || echo absent")
     assert not (Path(fleet.base_image) / "root" / "marker").exists()
 
 
-def test_each_host_lives_in_its_own_network_namespace(fleet: lab.Lab) -> None:
+def test_each_host_lives_in_its_own_network_namespace(fleet: Lab) -> None:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     for h in fleet.hosts:
         assert h.netns in namespaces
@@ -64,7 +66,7 @@ def test_each_host_lives_in_its_own_network_namespace(fleet: lab.Lab) -> None:
     assert "skl" not in root_links, "no lab link stays in the machine's own namespace"
 
 
-def test_hosts_reach_each_other_across_subnets(fleet: lab.Lab) -> None:
+def test_hosts_reach_each_other_across_subnets(fleet: Lab) -> None:
     gpu = fleet.host("gpu-1")
     assert (
         sh(
@@ -76,28 +78,28 @@ def test_hosts_reach_each_other_across_subnets(fleet: lab.Lab) -> None:
     )
 
 
-def test_a_stopped_host_keeps_its_disk(fleet: lab.Lab) -> None:
+def test_a_stopped_host_keeps_its_disk(fleet: Lab) -> None:
     sh(fleet, "cpu-2", "echo kept > /root/kept")
     lab.stop_host("cpu-2")
-    assert not lab.alive(fleet.host("cpu-2").pid)
-    assert lab.ssh(lab.Lab.load(), fleet.host("cpu-2"), "true", timeout=15).returncode != 0
+    assert not processes.alive(fleet.host("cpu-2").pid)
+    assert machines.ssh(Lab.load(), fleet.host("cpu-2"), "true", timeout=15).returncode != 0
     lab.start_host("cpu-2")
-    reloaded = lab.Lab.load()
+    reloaded = Lab.load()
     assert reloaded is not None
     assert sh(reloaded, "cpu-2", "cat /root/kept").strip() == "kept"
 
 
-def test_a_second_lab_up_is_refused(fleet: lab.Lab) -> None:
+def test_a_second_lab_up_is_refused(fleet: Lab) -> None:
     with pytest.raises(lab.LabError, match="already up"):
         lab.up(1, lambda what, fraction: None)
 
 
-def test_bad_host_names_are_user_errors(fleet: lab.Lab) -> None:
+def test_bad_host_names_are_user_errors(fleet: Lab) -> None:
     result = CliRunner().invoke(app, ["lab", "stop", "nosuch"])
     assert result.exit_code == 2 and "no lab host 'nosuch'" in result.stderr
 
 
-def test_only_node_hosts_join_and_not_before_converge(fleet: lab.Lab) -> None:
+def test_only_node_hosts_join_and_not_before_converge(fleet: Lab) -> None:
     result = CliRunner().invoke(app, ["lab", "join", "etcd-main-1"])
     assert result.exit_code == 2 and "etcd-main-1: not a GPU or CPU node host" in result.stderr
     # a node converge has not reached yet (whether or not converge ran in this lab before)

@@ -17,7 +17,7 @@ import yaml
 
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
-from superkube.lab import hosts as lab
+from superkube.lab.state import Lab
 from tests.lab.conftest import Labs, counters, deliver, sh
 
 ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
@@ -28,17 +28,17 @@ NODES = ("gpu-1", "gpu-2")
 NODE, IPTABLES = NODE_EXPORTER_PORT, IPTABLES_EXPORTER_PORT
 
 
-def get(fleet_: lab.Lab, url: str) -> Any:
+def get(fleet_: Lab, url: str) -> Any:
     return json.loads(sh(fleet_, HOST, f"curl -sf '{url}'"))
 
 
-def query(fleet_: lab.Lab, port: int, expr: str) -> list[dict[str, Any]]:
+def query(fleet_: Lab, port: int, expr: str) -> list[dict[str, Any]]:
     return list(
         get(fleet_, f"http://127.0.0.1:{port}/api/v1/query?query={quote(expr)}&nocache=1")["data"]["result"]
     )
 
 
-def export(fleet_: lab.Lab, match: str, since: float) -> list[dict[str, Any]]:
+def export(fleet_: Lab, match: str, since: float) -> list[dict[str, Any]]:
     """Raw samples the store holds for `match` since `since` (unix seconds)."""
     text = sh(
         fleet_,
@@ -60,16 +60,16 @@ def wait_for(check: Any, timeout: float = 60, what: str = "") -> Any:
 
 
 @pytest.fixture(scope="module")
-def mon(labs: Labs, monitored: lab.Lab) -> lab.Lab:
+def mon(labs: Labs, monitored: Lab) -> Lab:
     labs.converge(monitored, tags="node_software,iptables_accounting,iptables_exporter,monitoring")
     return monitored
 
 
-def targets(fleet_: lab.Lab) -> set[str]:
+def targets(fleet_: Lab) -> set[str]:
     return {f"{fleet_.host(n).address}:{port}" for n in NODES for port in (NODE, IPTABLES)}
 
 
-def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: lab.Lab) -> None:
+def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: Lab) -> None:
     def per_shard() -> list[set[str]] | None:
         seen = [{r["metric"]["instance"] for r in query(mon, port, "up == 1")} for port in SHARDS]
         return seen if set().union(*seen) == targets(mon) else None
@@ -92,7 +92,7 @@ def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: lab.Lab) 
     )
 
 
-def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: lab.Lab) -> None:
+def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: Lab) -> None:
     node = mon.host("gpu-1").address
     expr = f'sum(iptables_rule_bytes_total{{traffic="internet-out", instance="{node}:{IPTABLES}"}})'
 
@@ -119,7 +119,7 @@ def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: lab.La
     assert value() <= before + size * 1.05 + 2**16, (before, size, value())
 
 
-def test_a_dropped_series_is_gone_and_its_siblings_stay(mon: lab.Lab) -> None:
+def test_a_dropped_series_is_gone_and_its_siblings_stay(mon: Lab) -> None:
     node = mon.host("gpu-1").address
     raw = sh(mon, HOST, f"curl -sf http://{node}:{NODE}/metrics")
     assert "node_scrape_collector_duration_seconds" in raw, "the exporter does export it"
@@ -135,7 +135,7 @@ def test_a_dropped_series_is_gone_and_its_siblings_stay(mon: lab.Lab) -> None:
     assert query(mon, STORE, f'iptables_rule_bytes_total{{instance="{node}:{IPTABLES}"}}')
 
 
-def test_killing_one_shard_stales_only_its_targets_and_the_store_keeps_what_it_had(mon: lab.Lab) -> None:
+def test_killing_one_shard_stales_only_its_targets_and_the_store_keeps_what_it_had(mon: Lab) -> None:
     owned = [{r["metric"]["instance"] for r in query(mon, port, "up")} for port in SHARDS]
     victim = 0 if owned[0] else 1
     lost, kept = owned[victim], owned[1 - victim]

@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from superkube.lab import build
+from superkube.harness import build
 from superkube.lab import hosts as lab
+from superkube.lab import machines
+from superkube.lab.state import Lab
 from superkube.model import rates
 from tests.lab.conftest import Labs, counters, deliver, sh
 
@@ -33,24 +35,24 @@ NODES = ("gpu-1", "gpu-2")
 
 
 @pytest.fixture(scope="module")
-def net(labs: Labs, pod_network: lab.Lab) -> lab.Lab:
+def net(labs: Labs, pod_network: Lab) -> Lab:
     labs.converge(pod_network, tags="node_software,iptables_accounting,iptables_exporter")
     for host in NODES:
         for name in ("lab/cnirun.py", "model/rates.py"):
-            lab.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
+            machines.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
     sh(pod_network, "internet", "iperf3 -s -D -p 5201 && iperf3 -s -D -p 5202")
     return pod_network
 
 
 @pytest.fixture(autouse=True)
-def no_pods_left(net: lab.Lab) -> Iterator[None]:
+def no_pods_left(net: Lab) -> Iterator[None]:
     """A failed test's pods would use up the node's IPs for the next one: DEL whatever is left."""
     yield
     for host in NODES:
         sh(net, host, f"for pod in $(ip netns list | cut -d' ' -f1); do {CNIRUN} del $pod || true; done")
 
 
-def add(fleet_: lab.Lab, host: str, pod: str, extra: str = "") -> dict[str, Any]:
+def add(fleet_: Lab, host: str, pod: str, extra: str = "") -> dict[str, Any]:
     return json.loads(sh(fleet_, host, f"{CNIRUN} add {pod} {extra}"))
 
 
@@ -58,7 +60,7 @@ def pod_ip(result: dict[str, Any]) -> str:
     return str(result["ips"][0]["address"].split("/")[0])
 
 
-def iperf(fleet_: lab.Lab, host: str, pod: str, seconds: int = 5, port: int = 5201, size: str = "") -> float:
+def iperf(fleet_: Lab, host: str, pod: str, seconds: int = 5, port: int = 5201, size: str = "") -> float:
     """bits/s the internet host received from the pod."""
     target = fleet_.host("internet").address
     how = f"-n {size}" if size else f"-t {seconds}"
@@ -72,7 +74,7 @@ LISTENER = (
 )
 
 
-def listen(fleet_: lab.Lab, host: str, pod: str) -> None:
+def listen(fleet_: Lab, host: str, pod: str) -> None:
     """One TCP connection's peer address and first line, written to /root/peer on `host`."""
     inside = f"ip netns exec {pod} " if pod else ""
     sh(fleet_, host, f'rm -f /root/peer; (timeout 30 {inside}python3 -c "{LISTENER}" > /root/peer 2>&1 &)')
@@ -82,13 +84,13 @@ def listen(fleet_: lab.Lab, host: str, pod: str) -> None:
     raise AssertionError(f"no listener on {host} {pod}")
 
 
-def heard(fleet_: lab.Lab, host: str) -> list[str]:
+def heard(fleet_: Lab, host: str) -> list[str]:
     return sh(
         fleet_, host, "for i in $(seq 50); do [ -s /root/peer ] && break; sleep 0.1; done; cat /root/peer"
     ).split()
 
 
-def state(fleet_: lab.Lab, host: str) -> dict[str, str]:
+def state(fleet_: Lab, host: str) -> dict[str, str]:
     """What a pod leaves on a node if it leaks: links, routes, namespaces, allocations, rules, qdiscs."""
     return {
         "links": sh(fleet_, host, "ip -o link show | awk -F': ' '{print $2}' | sort"),
@@ -103,7 +105,7 @@ def state(fleet_: lab.Lab, host: str) -> dict[str, str]:
     }
 
 
-def test_nodes_run_the_containerd_and_runc_pinned_with_kubernetes(net: lab.Lab) -> None:
+def test_nodes_run_the_containerd_and_runc_pinned_with_kubernetes(net: Lab) -> None:
     """Not the distribution's containerd 1.x: the release file's containerd 2.x and runc, from the
     lab's build, running under the role's unit and configuration."""
     runtime = build.release()["runtime"]
@@ -117,7 +119,7 @@ def test_nodes_run_the_containerd_and_runc_pinned_with_kubernetes(net: lab.Lab) 
         assert sh(net, host, "dpkg-query -W -f='${Status}' containerd 2>/dev/null || true") == ""
 
 
-def test_each_node_writes_its_cni_network_from_instance_metadata(net: lab.Lab) -> None:
+def test_each_node_writes_its_cni_network_from_instance_metadata(net: Lab) -> None:
     for name in NODES:
         host = net.host(name)
         conf = json.loads(sh(net, name, f"cat {CONFLIST}"))
@@ -141,14 +143,14 @@ def test_each_node_writes_its_cni_network_from_instance_metadata(net: lab.Lab) -
         sh(net, name, "systemd-analyze verify /etc/systemd/system/superkube-cni-config.service")
 
 
-def test_metadata_needs_its_header_and_a_bad_answer_changes_no_config(net: lab.Lab) -> None:
+def test_metadata_needs_its_header_and_a_bad_answer_changes_no_config(net: Lab) -> None:
     url = "http://169.254.169.254/metadata/instance/network?api-version=2021-02-01"
     assert sh(net, "gpu-1", f"curl -s -o /dev/null -w '%{{http_code}}' {url}") == "400"
     doc = json.loads(sh(net, "gpu-1", f"curl -s -H Metadata:true {url}"))
     assert doc["interface"][0]["ipv4"]["ipAddress"][0]["privateIpAddress"] == net.host("gpu-1").address
     before = sh(net, "gpu-1", f"sha256sum {CONFLIST}")
     for base in ("http://169.254.169.254/metadata/nothing", "http://169.254.169.254:81/metadata/instance"):
-        proc = lab.ssh(
+        proc = machines.ssh(
             net,
             net.host("gpu-1"),
             f"python3 /usr/local/lib/superkube/cni_config.py --tries 1 --metadata {base} --out {CONFLIST}",
@@ -159,7 +161,7 @@ def test_metadata_needs_its_header_and_a_bad_answer_changes_no_config(net: lab.L
     assert sh(net, "gpu-1", "ls -A /etc/cni/net.d").split() == ["10-superkube.conflist"]
 
 
-def test_a_pods_internet_bytes_count_as_internet_and_its_vnet_bytes_do_not(net: lab.Lab) -> None:
+def test_a_pods_internet_bytes_count_as_internet_and_its_vnet_bytes_do_not(net: Lab) -> None:
     ip_a = pod_ip(add(net, "gpu-1", "acct-a"))
     ip_b = pod_ip(add(net, "gpu-2", "acct-b"))
     try:
@@ -188,13 +190,13 @@ def test_a_pods_internet_bytes_count_as_internet_and_its_vnet_bytes_do_not(net: 
         sh(net, "gpu-2", f"{CNIRUN} del acct-b")
 
 
-def test_a_pod_beyond_the_nodes_ips_fails_leaks_nothing_and_del_frees_its_ip(net: lab.Lab) -> None:
+def test_a_pod_beyond_the_nodes_ips_fails_leaks_nothing_and_del_frees_its_ip(net: Lab) -> None:
     clean = state(net, "gpu-1")
     pods = [f"full-{i}" for i in range(7)]
     ips = [pod_ip(add(net, "gpu-1", pod)) for pod in pods]
     assert sorted(ips) == sorted(net.host("gpu-1").secondary)
     full = state(net, "gpu-1")
-    proc = lab.ssh(net, net.host("gpu-1"), f"{CNIRUN} add one-too-many")
+    proc = machines.ssh(net, net.host("gpu-1"), f"{CNIRUN} add one-too-many")
     assert proc.returncode == 1 and "no IP addresses available" in proc.stderr, proc.stderr
     assert state(net, "gpu-1") == full, "the failed pod left something behind"
     sh(net, "gpu-1", f"{CNIRUN} del full-3")
@@ -204,7 +206,7 @@ def test_a_pod_beyond_the_nodes_ips_fails_leaks_nothing_and_del_frees_its_ip(net
     assert state(net, "gpu-1") == clean
 
 
-def test_500_add_del_cycles_leave_nothing_behind(net: lab.Lab) -> None:
+def test_500_add_del_cycles_leave_nothing_behind(net: Lab) -> None:
     # one shaped pod with a port mapping first: the shared chains portmap makes once are not a leak
     sh(net, "gpu-1", f"{CNIRUN} cycles 1 --egress 100M --port 8080:80")
     clean = state(net, "gpu-1")
@@ -216,7 +218,7 @@ def test_500_add_del_cycles_leave_nothing_behind(net: lab.Lab) -> None:
     assert state(net, "gpu-1") == clean
 
 
-def test_a_reboot_releases_every_allocation_and_rewrites_the_config(net: lab.Lab) -> None:
+def test_a_reboot_releases_every_allocation_and_rewrites_the_config(net: Lab) -> None:
     for i in range(3):
         add(net, "gpu-1", f"before-{i}")
     assert len(state(net, "gpu-1")["allocations"].split()) == 3
@@ -234,7 +236,7 @@ def test_a_reboot_releases_every_allocation_and_rewrites_the_config(net: lab.Lab
 
 
 @pytest.mark.parametrize("limit", ["10M", "100M", "1G"])
-def test_an_egress_annotation_holds_the_pod_to_its_limit(net: lab.Lab, limit: str) -> None:
+def test_an_egress_annotation_holds_the_pod_to_its_limit(net: Lab, limit: str) -> None:
     add(net, "gpu-1", "shaped", f"--egress {limit}")
     try:
         rate = iperf(net, "gpu-1", "shaped", seconds=5)
@@ -243,7 +245,7 @@ def test_an_egress_annotation_holds_the_pod_to_its_limit(net: lab.Lab, limit: st
     assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s"
 
 
-def test_an_unshaped_pod_beside_a_shaped_one_is_not_held_back(net: lab.Lab) -> None:
+def test_an_unshaped_pod_beside_a_shaped_one_is_not_held_back(net: Lab) -> None:
     add(net, "gpu-1", "slow", "--egress 10M")
     add(net, "gpu-1", "free")
     internet = net.host("internet").address
@@ -267,10 +269,10 @@ def test_an_unshaped_pod_beside_a_shaped_one_is_not_held_back(net: lab.Lab) -> N
     assert free > 100 * 1e7 and free > 0.5 * node, (free, node)
 
 
-def test_the_pools_default_limit_holds_a_pod_that_asks_for_none(net: lab.Lab) -> None:
+def test_the_pools_default_limit_holds_a_pod_that_asks_for_none(net: Lab) -> None:
     conf = json.loads(sh(net, "gpu-1", f"cat {CONFLIST}"))
     conf["plugins"][1]["defaultEgressRate"] = 50_000_000  # as the pool's egress_limit: 50M would write it
-    lab.put(net, "gpu-1", "/root/cni/default.conflist", json.dumps(conf))
+    machines.put(net, "gpu-1", "/root/cni/default.conflist", json.dumps(conf))
     add(net, "gpu-1", "plain", "--conflist /root/cni/default.conflist")
     try:
         rate = iperf(net, "gpu-1", "plain", seconds=5)

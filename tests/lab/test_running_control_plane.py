@@ -27,7 +27,8 @@ from superkube.agents import gpu_test, preflight
 from superkube.cli import app
 from superkube.cluster.kube import APISERVER_PROBE_INTERVAL_S, APISERVER_PROBE_THRESHOLD, SYSTEM_NAMESPACE
 from superkube.lab import hosts as lab
-from superkube.lab import layer, loadbalancer
+from superkube.lab import layer, loadbalancer, machines
+from superkube.lab.state import LAB_STACK, SWITCH, Lab
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import Labs, get, kubectl, ok, sh
 
@@ -36,7 +37,7 @@ ETCDCTL = ". /etc/etcd/etcdctl-{c}.env && etcdctl --command-timeout=10s "
 
 
 @pytest.fixture(scope="module")
-def running(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+def running(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     """Converge (which starts the built components and applies the bootstrap objects), then the
     in-cluster layer through the command a user runs."""
     labs.converge(control_plane)
@@ -45,12 +46,12 @@ def running(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
     return {"applied": json.loads(applied.stdout)}
 
 
-def lb_url(fleet: lab.Lab) -> str:
+def lb_url(fleet: Lab) -> str:
     return f"https://{fleet.facts['apiserver_address']}:{fleet.facts['apiserver_port']}"
 
 
 @pytest.fixture(scope="module")
-def admin_files(control_plane: lab.Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def admin_files(control_plane: Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The admin kubeconfig's CA, certificate and key as files, for requests kubectl cannot make."""
     config = yaml.safe_load(layer.admin_kubeconfig(control_plane).read_text())
     where = tmp_path_factory.mktemp("admin")
@@ -70,18 +71,18 @@ def admin_files(control_plane: lab.Lab, tmp_path_factory: pytest.TempPathFactory
     return out
 
 
-def curl(fleet: lab.Lab, url: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def curl(fleet: Lab, url: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """curl from the switch namespace (where the load balancer's frontend is), headers included."""
-    command = ["ip", "netns", "exec", lab.SWITCH, "curl", "-sS", "-i", "-m", "10", *args, url]
+    command = ["ip", "netns", "exec", SWITCH, "curl", "-sS", "-i", "-m", "10", *args, url]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 def with_token(
-    fleet: lab.Lab, files: dict[str, str], token: str, *args: str, server: str | None = None
+    fleet: Lab, files: dict[str, str], token: str, *args: str, server: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """kubectl with nothing but a bearer token (a kubeconfig's client certificate would win over it)."""
     command = [
-        "ip", "netns", "exec", lab.SWITCH, fleet.builds["kubectl"]["path"],
+        "ip", "netns", "exec", SWITCH, fleet.builds["kubectl"]["path"],
         "--kubeconfig", files["empty"], "--server", server or lb_url(fleet),
         "--certificate-authority", files["ca"], "--token", token, *args,
     ]  # fmt: skip
@@ -94,7 +95,7 @@ def headers_and_body(response: str) -> tuple[dict[str, str], str]:
     return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}, body
 
 
-def etcdctl(fleet: lab.Lab, host: str, cluster: str, args: str) -> str:
+def etcdctl(fleet: Lab, host: str, cluster: str, args: str) -> str:
     return sh(fleet, host, ETCDCTL.format(c=cluster) + args)
 
 
@@ -102,7 +103,7 @@ def etcdctl(fleet: lab.Lab, host: str, cluster: str, args: str) -> str:
 
 
 def test_every_apiserver_is_ready_through_the_load_balancer(
-    control_plane: lab.Lab, running: dict[str, Any]
+    control_plane: Lab, running: dict[str, Any]
 ) -> None:
     # through the plan's load-balancer address, with the admin kubeconfig converge wrote
     assert ok(control_plane, "get", "--raw", "/readyz").strip() == "ok"
@@ -125,7 +126,7 @@ def test_every_apiserver_is_ready_through_the_load_balancer(
 
 
 def test_the_layer_is_applied_whole_and_its_crds_are_established(
-    control_plane: lab.Lab, running: dict[str, Any]
+    control_plane: Lab, running: dict[str, Any]
 ) -> None:
     applied = running["applied"]
     assert sum(len(f["objects"]) for f in applied) >= 60
@@ -158,7 +159,7 @@ def an_event(name: str) -> dict[str, Any]:
 
 
 def test_an_event_lands_in_the_events_etcd_and_not_the_main_one(
-    control_plane: lab.Lab, running: dict[str, Any]
+    control_plane: Lab, running: dict[str, Any]
 ) -> None:
     name = f"superkube-test-{uuid.uuid4().hex[:8]}"
     ok(control_plane, "create", "-f", "-", stdin=json.dumps(an_event(name)))
@@ -174,7 +175,7 @@ def test_an_event_lands_in_the_events_etcd_and_not_the_main_one(
     assert "--etcd-servers-overrides=/events#" in env
 
 
-def holder(fleet: lab.Lab, lease: str) -> str:
+def holder(fleet: Lab, lease: str) -> str:
     spec = get(fleet, "lease", lease, "-n", "kube-system")["spec"]
     return str(spec.get("holderIdentity", "")).split("_")[0]
 
@@ -192,7 +193,7 @@ def wait_for(what: str, check: Any, timeout: float = 120, every: float = 0.5) ->
 
 
 def test_controller_manager_and_gang_scheduler_each_hold_their_lease(
-    control_plane: lab.Lab, running: dict[str, Any]
+    control_plane: Lab, running: dict[str, Any]
 ) -> None:
     names = {h.name for h in control_plane.hosts if h.group == "apiservers"}
     for lease in ("kube-controller-manager", "kube-scheduler"):
@@ -200,7 +201,7 @@ def test_controller_manager_and_gang_scheduler_each_hold_their_lease(
 
 
 def test_bootstrap_objects_are_applied_and_the_token_authenticates(
-    control_plane: lab.Lab, running: dict[str, Any], admin_files: dict[str, str]
+    control_plane: Lab, running: dict[str, Any], admin_files: dict[str, str]
 ) -> None:
     token = (Path(control_plane.state_dir) / "pki/kubernetes/bootstrap.token").read_text().strip()
     token_id = token.split(".")[0]
@@ -230,7 +231,7 @@ def test_bootstrap_objects_are_applied_and_the_token_authenticates(
 
 
 def test_a_bootstrap_request_is_classified_into_the_node_join_priority_level(
-    control_plane: lab.Lab, running: dict[str, Any], admin_files: dict[str, str]
+    control_plane: Lab, running: dict[str, Any], admin_files: dict[str, str]
 ) -> None:
     token = (Path(control_plane.state_dir) / "pki/kubernetes/bootstrap.token").read_text().strip()
     level = get(control_plane, "prioritylevelconfiguration", flowcontrol.LEVEL)["metadata"]["uid"]
@@ -256,7 +257,7 @@ def test_a_bootstrap_request_is_classified_into_the_node_join_priority_level(
 
 
 def test_a_service_account_token_from_one_apiserver_is_accepted_by_the_other(
-    control_plane: lab.Lab, running: dict[str, Any], admin_files: dict[str, str]
+    control_plane: Lab, running: dict[str, Any], admin_files: dict[str, str]
 ) -> None:
     first, second = sorted(h.address for h in control_plane.hosts if h.group == "apiservers")
     port = control_plane.facts["apiserver_port"]
@@ -298,7 +299,7 @@ PREFLIGHT_TAINT = {"key": PREFLIGHT_TAINT_KEY, "value": "pending", "effect": "No
 
 
 def as_agent(
-    fleet: lab.Lab,
+    fleet: Lab,
     files: dict[str, str],
     agent: str,
     node: str,
@@ -328,7 +329,7 @@ def as_agent(
 
 
 @pytest.fixture(scope="module")
-def nodes(control_plane: lab.Lab, running: dict[str, Any]) -> list[str]:
+def nodes(control_plane: Lab, running: dict[str, Any]) -> list[str]:
     names = ["lab-node-a", "lab-node-b"]
     for name in names:
         doc = _node(name, [PREFLIGHT_TAINT], {PREFLIGHT_TAINT_KEY: "pending"})
@@ -374,7 +375,7 @@ def test_each_admission_policy_denies_what_its_agent_must_not_do(
     agent: str,
     changes: dict[str, Any],
     message: str,
-    control_plane: lab.Lab,
+    control_plane: Lab,
     admin_files: dict[str, str],
     nodes: list[str],
 ) -> None:
@@ -386,7 +387,7 @@ def test_each_admission_policy_denies_what_its_agent_must_not_do(
 
 @pytest.mark.parametrize("agent", ["superkube-preflight", "superkube-gpu-test"])
 def test_an_agent_may_not_change_another_node(
-    agent: str, control_plane: lab.Lab, admin_files: dict[str, str], nodes: list[str]
+    agent: str, control_plane: Lab, admin_files: dict[str, str], nodes: list[str]
 ) -> None:
     result = f"{'preflight' if 'preflight' in agent else 'gpu-test'}-result"
     change = {"metadata": {"annotations": {f"superkube.io/{result}": "passed"}}}
@@ -397,7 +398,7 @@ def test_an_agent_may_not_change_another_node(
 
 
 def test_each_agent_may_make_the_change_it_exists_for(
-    control_plane: lab.Lab, admin_files: dict[str, str], nodes: list[str]
+    control_plane: Lab, admin_files: dict[str, str], nodes: list[str]
 ) -> None:
     """The agents' own patches (JSON patches that `test` what they read first), as their identities."""
     path = f"/api/v1/nodes/{nodes[0]}"
@@ -423,11 +424,11 @@ def test_each_agent_may_make_the_change_it_exists_for(
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples" / "jobs").glob("*.yaml")))
 def test_every_example_job_passes_a_server_side_dry_run(
-    example: str, control_plane: lab.Lab, running: dict[str, Any], tmp_path: Path
+    example: str, control_plane: Lab, running: dict[str, Any], tmp_path: Path
 ) -> None:
     spec = yaml.safe_load((ROOT / "examples" / "jobs" / example).read_text())
     rendered = CliRunner().invoke(
-        app, ["job", "render", str(ROOT / "examples" / "jobs" / example), "--stack", lab.LAB_STACK]
+        app, ["job", "render", str(ROOT / "examples" / "jobs" / example), "--stack", LAB_STACK]
     )
     assert rendered.exit_code == 0, rendered.output
     [job] = [d for d in yaml.safe_load_all(rendered.stdout) if d]
@@ -463,9 +464,7 @@ def test_every_example_job_passes_a_server_side_dry_run(
 # --- item 5: faults on the real thing (last: they stop members and hosts) ------------------------------
 
 
-def test_writes_go_on_with_two_of_five_main_members_down(
-    control_plane: lab.Lab, running: dict[str, Any]
-) -> None:
+def test_writes_go_on_with_two_of_five_main_members_down(control_plane: Lab, running: dict[str, Any]) -> None:
     down = ("etcd-main-4", "etcd-main-5")
     for host in down:
         sh(control_plane, host, "systemctl stop etcd-main.service")
@@ -479,7 +478,7 @@ def test_writes_go_on_with_two_of_five_main_members_down(
     wait_for(
         "main healthy",
         lambda: (
-            lab.ssh(
+            machines.ssh(
                 control_plane,
                 control_plane.host("etcd-main-1"),
                 ETCDCTL.format(c="main") + "endpoint health --cluster",
@@ -490,7 +489,7 @@ def test_writes_go_on_with_two_of_five_main_members_down(
 
 
 def test_with_the_events_cluster_down_everything_but_events_works(
-    control_plane: lab.Lab, running: dict[str, Any]
+    control_plane: Lab, running: dict[str, Any]
 ) -> None:
     events = [h.name for h in control_plane.hosts if h.group == "etcd_events"]
     apiservers = [h for h in control_plane.hosts if h.group == "apiservers"]
@@ -535,7 +534,7 @@ def test_with_the_events_cluster_down_everything_but_events_works(
     wait_for(
         "events healthy",
         lambda: (
-            lab.ssh(
+            machines.ssh(
                 control_plane,
                 control_plane.host("etcd-events-1"),
                 ETCDCTL.format(c="events") + "endpoint health --cluster",
@@ -564,7 +563,7 @@ def _sample(client: list[str], stop: threading.Event, into: list[Sample], start:
 
 
 def test_an_apiserver_host_lost_keeps_the_address_serving_and_hands_the_leases_over(
-    control_plane: lab.Lab, running: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    control_plane: Lab, running: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     leases = ("kube-controller-manager", "kube-scheduler")
     for lease in leases:
@@ -652,7 +651,7 @@ def test_an_apiserver_host_lost_keeps_the_address_serving_and_hands_the_leases_o
 
 
 def test_stopping_an_apiserver_host_hands_its_leases_over(
-    control_plane: lab.Lab, running: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    control_plane: Lab, running: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     # a host powered off cleanly: its components stop as systemd stops them
     leader = holder(control_plane, "kube-controller-manager")
@@ -678,7 +677,7 @@ def test_stopping_an_apiserver_host_hands_its_leases_over(
     )
 
 
-def test_the_load_balancer_config_follows_the_plans_probe(control_plane: lab.Lab) -> None:
+def test_the_load_balancer_config_follows_the_plans_probe(control_plane: Lab) -> None:
     text = (Path(control_plane.state_dir) / loadbalancer.CONFIG).read_text()
     assert f"bind {control_plane.facts['apiserver_address']}:{control_plane.facts['apiserver_port']}" in text
     assert "option httpchk GET /readyz" in text

@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 from superkube.agents import serving_certs
 from superkube.cli import app
 from superkube.cluster import autoscaling
-from superkube.lab import hosts as lab
 from superkube.lab import nodes
+from superkube.lab.state import Lab
 from superkube.model import rates, teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import Labs, NodeWatch, get, kubectl, ok, sh
@@ -40,7 +40,7 @@ CONDITION_TAINTS = "node.kubernetes.io/"
 
 
 @pytest.fixture(scope="module")
-def joined(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+def joined(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     """Converge and apply the in-cluster layer (done already after test_running_control_plane; the
     whole setup when this module runs alone), then join."""
     labs.converge(control_plane)
@@ -66,12 +66,12 @@ def _requested_cn(csr: dict[str, Any]) -> str:
     return str(request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value)
 
 
-def node_csrs(fleet: lab.Lab) -> list[dict[str, Any]]:
+def node_csrs(fleet: Lab) -> list[dict[str, Any]]:
     return [c for c in get(fleet, "csr")["items"] if c["spec"]["signerName"] == KUBELET_SIGNER]
 
 
 def test_the_join_unit_starts_the_pinned_kubelet_and_each_node_turns_ready(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     assert set(joined["joined"]) == set(NODES)
     for name in NODES:
@@ -91,7 +91,7 @@ def test_the_join_unit_starts_the_pinned_kubelet_and_each_node_turns_ready(
 
 
 def test_each_csr_came_by_bootstrap_token_and_was_approved_and_signed(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     by_node: dict[str, list[dict[str, Any]]] = {}
     for csr in node_csrs(control_plane):
@@ -108,7 +108,7 @@ def test_each_csr_came_by_bootstrap_token_and_was_approved_and_signed(
 
 
 def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     """As each kubelet registered its Node (the first version a watch saw): the GPU node's preflight
     pod lifts its taint and label seconds later (test_running_the_agents)."""
@@ -140,7 +140,7 @@ def test_labels_and_taints_are_the_node_templates_the_autoscaler_advertises(
     assert not registered["cpu-1"], registered
 
 
-def _as_node(fleet: lab.Lab, name: str, method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+def _as_node(fleet: Lab, name: str, method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
     """A request to the API with the node's own kubelet credentials, from the node."""
     server = fleet.facts["apiserver_address"], fleet.facts["apiserver_port"]
     command = (
@@ -153,7 +153,7 @@ def _as_node(fleet: lab.Lab, name: str, method: str, path: str, body: dict[str, 
 
 
 def test_a_nodes_credentials_change_its_own_node_but_not_another(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     mark = {"metadata": {"annotations": {"superkube.io/test-touch": str(time.time())}}}
     code, answer = _as_node(control_plane, "gpu-1", "PATCH", "/api/v1/nodes/gpu-1", mark)
@@ -186,7 +186,7 @@ spec:
 SELECTOR = "superkube.io/test=runtime"
 
 
-def _pod_netns(fleet: lab.Lab, node: str, ip: str) -> str:
+def _pod_netns(fleet: Lab, node: str, ip: str) -> str:
     """The network namespace containerd made for the pod holding `ip` on `node`."""
     find = (
         "for n in $(ip netns list | cut -d' ' -f1); do "
@@ -197,7 +197,7 @@ def _pod_netns(fleet: lab.Lab, node: str, ip: str) -> str:
 
 
 def test_pods_run_through_the_real_runtime_on_their_nodes_vnet_ips(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     """kubelet -> containerd -> runc with the node's CNI chain, scheduled by the cluster's scheduler,
     with the sandbox image converge imported (no registry): each pod gets one of its node's NIC IPs,
@@ -273,7 +273,7 @@ spec:
 SINK_PORT = 7300
 
 
-def _netload(fleet: lab.Lab, name: str, node: str, args: list[str], annotations: dict[str, str]) -> None:
+def _netload(fleet: Lab, name: str, node: str, args: list[str], annotations: dict[str, str]) -> None:
     manifest = NETLOAD_POD.format(
         name=name,
         role=args[0],
@@ -297,7 +297,7 @@ spec:
 
 
 @pytest.fixture(scope="module")
-def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
+def sink(control_plane: Lab, joined: dict[str, Any]) -> Iterator[str]:
     """A netload sink pod on cpu-1 behind a ClusterIP Service: the pod's address, for senders on gpu-1."""
     _netload(control_plane, "netload-sink", "cpu-1", ["sink", str(SINK_PORT)], {})
     ok(control_plane, "apply", "-f", "-", stdin=SINK_SERVICE)
@@ -317,11 +317,11 @@ def sink(control_plane: lab.Lab, joined: dict[str, Any]) -> Iterator[str]:
         )
 
 
-def _wait_ready(fleet: lab.Lab, *what: str) -> None:
+def _wait_ready(fleet: Lab, *what: str) -> None:
     ok(fleet, "-n", "kube-system", "wait", "--for=condition=Ready", "--timeout=120s", *what)
 
 
-def _run_to_end(fleet: lab.Lab, name: str) -> tuple[dict[str, Any], str]:
+def _run_to_end(fleet: Lab, name: str) -> tuple[dict[str, Any], str]:
     """Wait for pod `name` to succeed, delete it: the pod as it ended, and its termination message."""
     try:
         ok(
@@ -335,7 +335,7 @@ def _run_to_end(fleet: lab.Lab, name: str) -> tuple[dict[str, Any], str]:
     return pod, str(status["state"]["terminated"]["message"])
 
 
-def _send(fleet: lab.Lab, name: str, to: str, seconds: float, limit: str = "") -> tuple[dict[str, Any], str]:
+def _send(fleet: Lab, name: str, to: str, seconds: float, limit: str = "") -> tuple[dict[str, Any], str]:
     """Run a netload sender pod on gpu-1 until it is done: the sink's count, and the sender's pod IP."""
     annotations = {"kubernetes.io/egress-bandwidth": limit} if limit else {}
     _netload(fleet, name, "gpu-1", ["send", to, str(seconds)], annotations)
@@ -348,7 +348,7 @@ def _send(fleet: lab.Lab, name: str, to: str, seconds: float, limit: str = "") -
 # machine; the machine set that figure, not the limit, so a miss there says nothing about the limit)
 @pytest.mark.parametrize("limit", ["10M", "100M", "300M"])
 def test_a_pods_egress_annotation_holds_through_the_real_runtime(
-    control_plane: lab.Lab, sink: str, limit: str
+    control_plane: Lab, sink: str, limit: str
 ) -> None:
     """The kubelet hands `kubernetes.io/egress-bandwidth` to containerd, whose CRI plugin asks the CNI
     chain for that rate with a burst of 2^32-1 bits; superkube-bandwidth bounds the burst, so what
@@ -358,7 +358,7 @@ def test_a_pods_egress_annotation_holds_through_the_real_runtime(
     assert 0.9 <= rate / rates.parse_rate(limit) <= 1.1, f"{limit}: {rate / 1e6:.1f} Mbit/s ({got})"
 
 
-def _cluster_ip(fleet: lab.Lab, sink_ip: str) -> str:
+def _cluster_ip(fleet: Lab, sink_ip: str) -> str:
     """The sink Service's ClusterIP, once its EndpointSlice lists the sink pod ready."""
     deadline = time.monotonic() + 60
     while True:
@@ -375,7 +375,7 @@ def _cluster_ip(fleet: lab.Lab, sink_ip: str) -> str:
         time.sleep(1)
 
 
-def _programmed(fleet: lab.Lab, host: str, cluster_ip: str, sink_ip: str) -> None:
+def _programmed(fleet: Lab, host: str, cluster_ip: str, sink_ip: str) -> None:
     """kube-proxy on `host` has written the Service's rules: its ClusterIP to the sink pod's endpoint."""
     deadline = time.monotonic() + 60
     while True:
@@ -386,7 +386,7 @@ def _programmed(fleet: lab.Lab, host: str, cluster_ip: str, sink_ip: str) -> Non
         time.sleep(1)
 
 
-def test_a_pod_reaches_a_service_backed_by_a_pod_on_another_node(control_plane: lab.Lab, sink: str) -> None:
+def test_a_pod_reaches_a_service_backed_by_a_pod_on_another_node(control_plane: Lab, sink: str) -> None:
     """kube-proxy (iptables) on gpu-1 sends the Service's ClusterIP to its endpoint on cpu-1, which
     sees the sending pod's own IP."""
     cluster_ip = _cluster_ip(control_plane, sink)
@@ -395,7 +395,7 @@ def test_a_pod_reaches_a_service_backed_by_a_pod_on_another_node(control_plane: 
     assert got["bytes"] > 0 and got["peer"] == sender, got
 
 
-def test_the_hub_reaches_a_cluster_ip_through_the_nat_host(control_plane: lab.Lab, sink: str) -> None:
+def test_the_hub_reaches_a_cluster_ip_through_the_nat_host(control_plane: Lab, sink: str) -> None:
     """A hub client's connection to a ClusterIP goes to the NAT host (the hub's route to the service
     range), whose kube-proxy sends it to the endpoint; the NAT host masquerades it, so the pod sees
     the NAT host and its reply goes back the same way."""
@@ -411,7 +411,7 @@ def test_the_hub_reaches_a_cluster_ip_through_the_nat_host(control_plane: lab.La
     assert got["bytes"] == 1_000_000 and got["peer"] == control_plane.host("nat").address, got
 
 
-def _on_node(fleet: lab.Lab, node: str) -> list[dict[str, Any]]:
+def _on_node(fleet: Lab, node: str) -> list[dict[str, Any]]:
     """The pods bound to `node` that still count against its limit (not finished)."""
     pods = get(fleet, "pods", "-A", f"--field-selector=spec.nodeName={node}")["items"]
     return [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
@@ -436,7 +436,7 @@ spec:
 
 
 def test_a_pod_that_needs_an_ip_on_a_full_node_waits_pending(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     """maxPods is the node's pod IPs plus the host-network pods its role runs (none on a CPU node):
     the scheduler binds pods until every IP is taken, each Running on one of them, and the next pod
@@ -515,7 +515,7 @@ def test_a_pod_that_needs_an_ip_on_a_full_node_waits_pending(
 
 
 def test_logs_reach_each_kubelet_over_its_cluster_signed_serving_certificate(
-    control_plane: lab.Lab, joined: dict[str, Any]
+    control_plane: Lab, joined: dict[str, Any]
 ) -> None:
     """The API server verifies kubelets against the cluster CA: a kubelet serving a self-signed
     certificate cannot be reached for logs, exec or port-forward. Each kubelet asked for its serving
@@ -547,7 +547,7 @@ def test_logs_reach_each_kubelet_over_its_cluster_signed_serving_certificate(
             kubectl(control_plane, "-n", "kube-system", "delete", "pod", name, "--wait=true", "--timeout=60s")
 
 
-def test_the_kubelet_client_certificate_rotates(control_plane: lab.Lab, joined: dict[str, Any]) -> None:
+def test_the_kubelet_client_certificate_rotates(control_plane: Lab, joined: dict[str, Any]) -> None:
     """The lab signs for minutes (hosts.LAB_CERT_DURATION): each kubelet renews on its own, with a CSR
     in its node's name that the controller-manager approves, and goes on renewing its Lease with it."""
     deadline = time.monotonic() + 300

@@ -30,7 +30,7 @@ from superkube.cli import app
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.cluster.kube import SYSTEM_NAMESPACE
 from superkube.lab import agent_pods, nodes
-from superkube.lab import hosts as lab
+from superkube.lab.state import Lab
 from superkube.model import teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.vmsizes import size
@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
-def agents(labs: Labs, control_plane: lab.Lab) -> Iterator[lab.Lab]:
+def agents(labs: Labs, control_plane: Lab) -> Iterator[Lab]:
     labs.converge(control_plane)
     applied = CliRunner().invoke(app, ["lab", "apply"])
     assert applied.exit_code == 0, applied.output
@@ -66,7 +66,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = 180, eve
         time.sleep(every)
 
 
-def pods_of(fleet: lab.Lab, name: str, namespace: str = SYSTEM_NAMESPACE) -> list[dict[str, Any]]:
+def pods_of(fleet: Lab, name: str, namespace: str = SYSTEM_NAMESPACE) -> list[dict[str, Any]]:
     return list(get(fleet, "pods", "-n", namespace, "-l", f"app.kubernetes.io/name={name}")["items"])
 
 
@@ -84,11 +84,11 @@ def on(pods: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
     return [p for p in pods if p["spec"].get("nodeName") == node]
 
 
-def gpu_pool(fleet: lab.Lab) -> str:
+def gpu_pool(fleet: Lab) -> str:
     return fleet.host("gpu-1").pool
 
 
-def set_reading(fleet: lab.Lab, node: str, fault: str) -> None:
+def set_reading(fleet: Lab, node: str, fault: str) -> None:
     """What the node's GPUs read now (its NVML, in the lab: superkube.lab.agent_pods.READING)."""
     vm = size(fleet.pools[fleet.host(node).pool]["vm_size"], node)
     text = agent_pods.reading_text(node, vm.name, vm.gpus, fault)
@@ -100,7 +100,7 @@ def taint_keys(node: dict[str, Any]) -> set[str]:
     return {t["key"] for t in node["spec"].get("taints") or []}
 
 
-def test_the_agents_run_as_pods_of_the_image_built_from_this_checkout(agents: lab.Lab) -> None:
+def test_the_agents_run_as_pods_of_the_image_built_from_this_checkout(agents: Lab) -> None:
     pool = gpu_pool(agents)
     expected = {
         f"{node_health.HEALTH}-{pool}": 1,  # on gpu-1 (gpu-2 has not joined yet)
@@ -133,7 +133,7 @@ def test_the_agents_run_as_pods_of_the_image_built_from_this_checkout(agents: la
 
 
 def test_a_gpu_node_joins_behind_preflight_which_lifts_the_taint_once_its_gpus_pass(
-    agents: lab.Lab, admin_files: dict[str, str]
+    agents: Lab, admin_files: dict[str, str]
 ) -> None:
     pool = gpu_pool(agents)
     set_reading(agents, LATE, "gpu-missing")  # a GPU off the bus at boot: preflight must hold the node
@@ -210,13 +210,13 @@ spec:
 """
 
 
-def _pod(fleet: lab.Lab, name: str, node: str, tolerations: list[dict[str, str]]) -> str:
+def _pod(fleet: Lab, name: str, node: str, tolerations: list[dict[str, str]]) -> str:
     image = fleet.images["pause"]["ref"]
     return POD.format(name=name, namespace=TEAM, node=node, image=image, tolerations=json.dumps(tolerations))
 
 
 def test_the_api_server_calls_the_team_webhook_and_the_pod_gets_its_teams_tolerations(
-    agents: lab.Lab,
+    agents: Lab,
 ) -> None:
     # the team's namespace, labelled by a cluster admin (it may exist already, unlabelled: the example
     # jobs' server-side dry run in test_running_control_plane makes it)
@@ -253,7 +253,7 @@ def test_the_api_server_calls_the_team_webhook_and_the_pod_gets_its_teams_tolera
     assert kubectl(agents, "get", "pod", "-n", TEAM, "stowaway").returncode != 0
 
 
-def test_a_fatal_reading_cordons_and_evicts_on_that_node_and_nowhere_else(agents: lab.Lab) -> None:
+def test_a_fatal_reading_cordons_and_evicts_on_that_node_and_nowhere_else(agents: Lab) -> None:
     sick, well = "gpu-1", LATE
     assert running(get(agents, "pod", "-n", TEAM, f"borrower-{sick}"))
     try:

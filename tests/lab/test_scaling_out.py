@@ -30,8 +30,8 @@ from typer.testing import CliRunner
 
 from superkube.cli import app
 from superkube.cluster import cloudinit, join
-from superkube.lab import hosts as lab
-from superkube.lab import nodes, scaleout
+from superkube.lab import inventory, machines, nodes, processes, scaleout
+from superkube.lab.state import PREFIX, Lab
 from superkube.model import teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from tests.lab.conftest import Labs, get, kubectl, sh
@@ -41,12 +41,12 @@ JOINED = ("gpu-1", "cpu-1")
 NEW = 4
 
 
-def gpu_pool(fleet: lab.Lab) -> str:
+def gpu_pool(fleet: Lab) -> str:
     return next(h.pool for h in fleet.hosts if h.group == "gpu_nodes")
 
 
 @pytest.fixture(scope="module")
-def baked(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+def baked(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     labs.converge(control_plane)
     applied = CliRunner().invoke(app, ["lab", "apply"])
     assert applied.exit_code == 0, applied.output
@@ -56,7 +56,7 @@ def baked(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
     return {"pool": pool, "published": from_the_api_servers(control_plane, pool), "image": image}
 
 
-def from_the_api_servers(fleet: lab.Lab, pool: str) -> dict[str, Any]:
+def from_the_api_servers(fleet: Lab, pool: str) -> dict[str, Any]:
     """The pool's model as the publisher on the API-server hosts wrote it (a round a minute, once
     `lab apply` made the documents' ConfigMap), and the host that holds the publisher's lease."""
     scale_set = fleet.pools[pool]["scale_set"]
@@ -78,18 +78,18 @@ def from_the_api_servers(fleet: lab.Lab, pool: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def scaled(control_plane: lab.Lab, baked: dict[str, Any]) -> dict[str, Any]:
+def scaled(control_plane: Lab, baked: dict[str, Any]) -> dict[str, Any]:
     before = {h.name for h in control_plane.hosts}
     result = CliRunner().invoke(app, ["lab", "scale", baked["pool"], f"+{NEW}", "--output", "json"])
     assert result.exit_code == 0, result.output
     instances = json.loads(result.stdout)
-    fleet = lab.Lab.load()
+    fleet = Lab.load()
     assert fleet is not None
     return {"instances": instances, "fleet": fleet, "new": sorted({h.name for h in fleet.hosts} - before)}
 
 
 def test_the_baked_image_holds_the_node_software_and_nothing_of_the_builder(
-    control_plane: lab.Lab, baked: dict[str, Any]
+    control_plane: Lab, baked: dict[str, Any]
 ) -> None:
     root = baked["image"] / "root"
     assert (root / "usr/local/bin/kubelet").is_file()
@@ -112,7 +112,7 @@ def test_the_baked_image_holds_the_node_software_and_nothing_of_the_builder(
 
 
 def test_the_publisher_on_the_api_servers_wrote_an_expiring_token_into_the_pools_model(
-    control_plane: lab.Lab, baked: dict[str, Any]
+    control_plane: Lab, baked: dict[str, Any]
 ) -> None:
     published = baked["published"]
     apiservers = [h.name for h in control_plane.hosts if h.group == "apiservers"]
@@ -121,8 +121,8 @@ def test_the_publisher_on_the_api_servers_wrote_an_expiring_token_into_the_pools
     assert f"/hosts/{published['holder']}/root/" in str(published["path"])
     for other in set(apiservers) - {published["holder"]}:
         assert not list(
-            (lab._host_dir(control_plane, control_plane.host(other)) / "root").glob(
-                lab.PUBLISHED_MODELS.lstrip("/") + "/*"
+            (machines.host_dir(control_plane, control_plane.host(other)) / "root").glob(
+                inventory.PUBLISHED_MODELS.lstrip("/") + "/*"
             )
         ), other
     assert oct(os.stat(published["path"]).st_mode & 0o777) == "0o600"
@@ -148,7 +148,7 @@ def test_the_publisher_on_the_api_servers_wrote_an_expiring_token_into_the_pools
 def test_new_instances_join_from_the_image_and_their_custom_data_alone(
     baked: dict[str, Any], scaled: dict[str, Any]
 ) -> None:
-    fleet: lab.Lab = scaled["fleet"]
+    fleet: Lab = scaled["fleet"]
     new = scaled["new"]
     assert len(new) == NEW and {i["node"] for i in scaled["instances"]} == set(new)
     for i in scaled["instances"]:
@@ -172,22 +172,22 @@ def test_new_instances_join_from_the_image_and_their_custom_data_alone(
 def test_scale_in_drains_and_deletes_and_the_next_instance_takes_a_freed_address(
     scaled: dict[str, Any], baked: dict[str, Any]
 ) -> None:
-    fleet = lab.Lab.load()
+    fleet = Lab.load()
     assert fleet is not None
     result = CliRunner().invoke(app, ["lab", "scale", baked["pool"], "-2"])
     assert result.exit_code == 0, result.output
     gone = scaled["new"][-2:]
     freed = {fleet.host(n).address for n in gone}
-    after = lab.Lab.load()
+    after = Lab.load()
     assert after is not None and not {h.name for h in after.hosts} & set(gone)
     names = {n["metadata"]["name"] for n in get(after, "nodes")["items"]}
     assert not names & set(gone)
     # nothing of them is left on this machine: no namespace, no root, no mount, no veth
-    namespaces = lab._lab_namespaces()
+    namespaces = processes.lab_namespaces()
     mounts = Path("/proc/mounts").read_text()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     for name in gone:
-        assert f"{lab.PREFIX}-{name}" not in namespaces
+        assert f"{PREFIX}-{name}" not in namespaces
         assert not (Path(after.state_dir) / "hosts" / name).exists()
         assert f"/hosts/{name}/" not in mounts
     assert not [line for line in links.splitlines() if " skl" in line]  # every veth end is in a namespace

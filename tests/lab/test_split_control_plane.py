@@ -24,8 +24,9 @@ from superkube.agents import scale_governor
 from superkube.cli import app
 from superkube.cluster import autoscaling, gang, kube, reference
 from superkube.fleet import converge as runner
-from superkube.lab import build
-from superkube.lab import hosts as lab
+from superkube.harness import build
+from superkube.lab import machines
+from superkube.lab.state import LAB_STACK, Lab
 from superkube.plan import engine as planning
 from tests.lab.conftest import Labs, sh
 
@@ -34,36 +35,36 @@ ETCDCTL = ". /etc/etcd/etcdctl-{c}.env && etcdctl --command-timeout=10s "
 
 
 @pytest.fixture(scope="module")
-def converged(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+def converged(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     """The lab's one converge: the first run when this module runs alone, else the run the modules
     before it made (whose joined nodes and restarted members the second converge must leave alone)."""
     return {"first": labs.converge(control_plane), "pki": _pki_digest(control_plane)}
 
 
-def _pki_digest(fleet: lab.Lab) -> dict[str, str]:
+def _pki_digest(fleet: Lab) -> dict[str, str]:
     pki = Path(fleet.state_dir) / "pki"
     return {
         str(p.relative_to(pki)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(pki.rglob("*.*"))
     }
 
 
-def addresses(fleet: lab.Lab, group: str) -> list[str]:
+def addresses(fleet: Lab, group: str) -> list[str]:
     return sorted(h.address for h in fleet.hosts if h.group == group)
 
 
-def etcdctl(fleet: lab.Lab, host: str, cluster: str, args: str) -> str:
+def etcdctl(fleet: Lab, host: str, cluster: str, args: str) -> str:
     return sh(fleet, host, ETCDCTL.format(c=cluster) + args)
 
 
-def members(fleet: lab.Lab, host: str, cluster: str) -> list[dict[str, Any]]:
+def members(fleet: Lab, host: str, cluster: str) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = json.loads(etcdctl(fleet, host, cluster, "member list -w json"))["members"]
     return found
 
 
-def wait_healthy(fleet: lab.Lab, host: str, cluster: str, timeout: float = 90) -> None:
+def wait_healthy(fleet: Lab, host: str, cluster: str, timeout: float = 90) -> None:
     end = time.monotonic() + timeout
     while True:
-        proc = lab.ssh(fleet, fleet.host(host), ETCDCTL.format(c=cluster) + "endpoint health --cluster")
+        proc = machines.ssh(fleet, fleet.host(host), ETCDCTL.format(c=cluster) + "endpoint health --cluster")
         if proc.returncode == 0:
             return
         assert time.monotonic() < end, f"{cluster} not healthy from {host}: {proc.stdout} {proc.stderr}"
@@ -71,7 +72,7 @@ def wait_healthy(fleet: lab.Lab, host: str, cluster: str, timeout: float = 90) -
 
 
 def test_both_clusters_form_on_their_own_hosts_over_tls(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     main = members(control_plane, "etcd-main-1", "main")
     events = members(control_plane, "etcd-events-1", "events")
@@ -86,7 +87,7 @@ def test_both_clusters_form_on_their_own_hosts_over_tls(
 
 
 def test_every_member_runs_the_pinned_etcd_from_the_labs_build(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     release = build.release()["etcd"]
     for name in ("etcd", "etcdctl"):
@@ -107,18 +108,20 @@ def test_every_member_runs_the_pinned_etcd_from_the_labs_build(
         assert sh(control_plane, host, "test -e /usr/bin/etcd || echo absent").strip() == "absent"
 
 
-def test_clients_without_a_cert_are_refused(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
+def test_clients_without_a_cert_are_refused(control_plane: Lab, converged: dict[str, Any]) -> None:
     ip = control_plane.host("etcd-main-2").address
     ca = "--cacert /etc/etcd/pki/ca.crt"
     with_cert = f"curl -sS {ca} --cert /etc/etcd/pki/member.crt --key /etc/etcd/pki/member.key https://{ip}:2379/version"
     assert "etcdserver" in sh(control_plane, "etcd-main-1", with_cert)
     for host in ("etcd-main-1", "etcd-events-1", "apiservers-1"):
-        no_cert = lab.ssh(control_plane, control_plane.host(host), f"curl -sS {ca} https://{ip}:2379/version")
+        no_cert = machines.ssh(
+            control_plane, control_plane.host(host), f"curl -sS {ca} https://{ip}:2379/version"
+        )
         assert no_cert.returncode != 0 and "etcdserver" not in no_cert.stdout, (host, no_cert.stdout)
-        plain = lab.ssh(control_plane, control_plane.host(host), f"curl -sS http://{ip}:2379/version")
+        plain = machines.ssh(control_plane, control_plane.host(host), f"curl -sS http://{ip}:2379/version")
         assert plain.returncode != 0 and "etcdserver" not in plain.stdout, (host, plain.stdout)
     # etcdctl with the CA but no client certificate
-    refused = lab.ssh(
+    refused = machines.ssh(
         control_plane,
         control_plane.host("etcd-main-1"),
         f"etcdctl --command-timeout=5s --endpoints https://{ip}:2379 {ca} get /anything",
@@ -126,7 +129,7 @@ def test_clients_without_a_cert_are_refused(control_plane: lab.Lab, converged: d
     assert refused.returncode != 0
 
 
-def test_a_key_stays_in_its_own_cluster(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
+def test_a_key_stays_in_its_own_cluster(control_plane: Lab, converged: dict[str, Any]) -> None:
     etcdctl(control_plane, "etcd-events-1", "events", "put /superkube/test/only-events yes")
     etcdctl(control_plane, "etcd-main-1", "main", "put /superkube/test/only-main yes")
     assert (
@@ -146,7 +149,7 @@ def test_a_key_stays_in_its_own_cluster(control_plane: lab.Lab, converged: dict[
 
 
 def test_a_second_converge_changes_nothing_and_keeps_every_cert(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     on_host = {h: sh(control_plane, h, "sha256sum /etc/etcd/pki/*") for h in ("etcd-main-1", "etcd-events-1")}
     api = sh(control_plane, "apiservers-1", "sha256sum /etc/kubernetes/pki/*.* /etc/kubernetes/pki/etcd/*")
@@ -178,7 +181,7 @@ def _flags(env_text: str) -> dict[str, str]:
 
 
 def test_apiserver_flags_split_events_and_point_at_real_files(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     # (that every flag is a kube-apiserver 1.35 flag is checked offline, against the release's list;
     # here: what the flags point at is real on the host)
@@ -224,7 +227,7 @@ COSCHEDULING_ARGS_V034 = {
 
 
 def test_scheduler_runs_coscheduling_as_the_only_profile(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     config = yaml.safe_load(sh(control_plane, "apiservers-1", "cat /etc/kubernetes/scheduler-config.yaml"))
     assert reference.problems(config, "1.35.0") == []  # every field against the release's Go types
@@ -251,7 +254,7 @@ def test_scheduler_runs_coscheduling_as_the_only_profile(
 
 
 def test_the_autoscaler_is_a_host_service_beside_the_scheduler(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     """cluster-autoscaler runs where the scheduler does, with the plan's flags, its own user and the
     Azure settings from the VM's tags (empty in the lab, whose VMs have none)."""
@@ -272,7 +275,7 @@ def test_the_autoscaler_is_a_host_service_beside_the_scheduler(
 
 
 def test_the_scale_governor_is_installed_beside_the_autoscaler(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     """The governor's program, settings, kubeconfig and unit land on every API server by converge, as
     its own user; the lab does not start it (no Azure to write to: tests/agents runs the same file
@@ -293,15 +296,15 @@ def test_the_scale_governor_is_installed_beside_the_autoscaler(
             == f"CN={autoscaling.GOVERNOR_USER}"
         )
         unit = "/etc/systemd/system/superkube-scale-governor.service"
-        verify = lab.ssh(control_plane, control_plane.host(host), f"systemd-analyze verify {unit}")
+        verify = machines.ssh(control_plane, control_plane.host(host), f"systemd-analyze verify {unit}")
         assert [line for line in (verify.stdout + verify.stderr).splitlines() if line.strip()] == [], host
-        state = lab.ssh(
+        state = machines.ssh(
             control_plane, control_plane.host(host), "systemctl is-enabled superkube-scale-governor"
         )
         assert state.stdout.strip() == "disabled", host
 
 
-def test_etcd_status_shows_both_clusters(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
+def test_etcd_status_shows_both_clusters(control_plane: Lab, converged: dict[str, Any]) -> None:
     result = CliRunner().invoke(
         app, ["etcd", "status", "--inventory", str(control_plane.inventory), "--output", "json"]
     )
@@ -323,13 +326,13 @@ def test_etcd_status_shows_both_clusters(control_plane: lab.Lab, converged: dict
 @pytest.fixture(scope="module")
 def flagship() -> Any:
     """The plan the lab's hosts sit in: the facts every rendered file must agree with."""
-    return planning.run(ROOT, lab.LAB_STACK)
+    return planning.run(ROOT, LAB_STACK)
 
 
 PKI = "/etc/kubernetes/pki"
 
 
-def _subject(fleet: lab.Lab, host: str, cert: str) -> str:
+def _subject(fleet: Lab, host: str, cert: str) -> str:
     return (
         sh(fleet, host, f"openssl x509 -in {cert} -noout -subject -nameopt RFC2253")
         .strip()
@@ -338,7 +341,7 @@ def _subject(fleet: lab.Lab, host: str, cert: str) -> str:
 
 
 def test_kubernetes_certificates_verify_and_carry_the_plans_names(
-    control_plane: lab.Lab, converged: dict[str, Any], flagship: Any
+    control_plane: Lab, converged: dict[str, Any], flagship: Any
 ) -> None:
     for cert, ca in (
         ("apiserver.crt", "ca.crt"),
@@ -355,7 +358,7 @@ def test_kubernetes_certificates_verify_and_carry_the_plans_names(
         out = sh(control_plane, host, f"openssl verify -CAfile {PKI}/ca.crt {PKI}/kube-proxy.crt")
         assert out.strip().endswith(": OK")
     # a certificate of another CA is refused: the check can fail
-    foreign = lab.ssh(
+    foreign = machines.ssh(
         control_plane,
         control_plane.host("apiservers-1"),
         f"openssl verify -CAfile {PKI}/front-proxy-ca.crt {PKI}/apiserver.crt",
@@ -419,7 +422,7 @@ KUBECONFIGS = (
 
 @pytest.mark.parametrize(("host", "path"), KUBECONFIGS, ids=[f"{h}:{p}" for h, p in KUBECONFIGS])
 def test_every_kubeconfig_parses_and_points_at_the_plans_load_balancer(
-    host: str, path: str, control_plane: lab.Lab, converged: dict[str, Any], flagship: Any, tmp_path: Path
+    host: str, path: str, control_plane: Lab, converged: dict[str, Any], flagship: Any, tmp_path: Path
 ) -> None:
     """Off the API server hosts, every client goes through the load balancer; on them, to the API
     server beside it (Azure's load balancer drops a backend's flow to its own frontend when it is
@@ -445,7 +448,7 @@ def test_every_kubeconfig_parses_and_points_at_the_plans_load_balancer(
 
 
 def test_the_controllers_admin_kubeconfig_carries_its_credentials_inline(
-    control_plane: lab.Lab, converged: dict[str, Any], flagship: Any, tmp_path: Path
+    control_plane: Lab, converged: dict[str, Any], flagship: Any, tmp_path: Path
 ) -> None:
     """The kubeconfig the in-cluster layer's `pulumi up` uses: self-contained, private, verifiable."""
     path = Path(control_plane.state_dir) / "pki/admin.kubeconfig"
@@ -486,13 +489,13 @@ UNITS = (
 
 @pytest.mark.parametrize(("host", "unit"), UNITS, ids=[f"{h}:{u}" for h, u in UNITS])
 def test_every_unit_passes_systemd_analyze_verify(
-    host: str, unit: str, control_plane: lab.Lab, converged: dict[str, Any]
+    host: str, unit: str, control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     text = sh(control_plane, host, f"cat /etc/systemd/system/{unit}.service")
     (binary,) = [
         line.split("=", 1)[1].split()[0] for line in text.splitlines() if line.startswith("ExecStart=")
     ]
-    proc = lab.ssh(
+    proc = machines.ssh(
         control_plane, control_plane.host(host), f"systemd-analyze verify /etc/systemd/system/{unit}.service"
     )
     diagnostics = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
@@ -508,7 +511,7 @@ def test_every_unit_passes_systemd_analyze_verify(
         assert [line for line in diagnostics if binary not in line] == [], diagnostics
         assert sh(control_plane, host, f"test -e {binary} || echo missing").strip() == "missing"
     # and systemd-analyze does fail a broken unit: the check can fail
-    broken = lab.ssh(
+    broken = machines.ssh(
         control_plane,
         control_plane.host(host),
         f"sed 's/^ExecStart=/ExecStrat=/' /etc/systemd/system/{unit}.service > /tmp/broken-{unit}.service"
@@ -518,7 +521,7 @@ def test_every_unit_passes_systemd_analyze_verify(
 
 
 def test_nodes_register_as_the_autoscaler_expects_and_fit_their_pod_ips(
-    control_plane: lab.Lab, converged: dict[str, Any], flagship: Any
+    control_plane: Lab, converged: dict[str, Any], flagship: Any
 ) -> None:
     spec = flagship.spec
     for host in ("gpu-1", "cpu-1"):
@@ -564,7 +567,7 @@ def test_nodes_register_as_the_autoscaler_expects_and_fit_their_pod_ips(
 
 
 def test_main_writes_with_two_members_down_and_they_rejoin(
-    control_plane: lab.Lab, converged: dict[str, Any]
+    control_plane: Lab, converged: dict[str, Any]
 ) -> None:
     down = ("etcd-main-4", "etcd-main-5")
     for host in down:
@@ -596,7 +599,7 @@ def test_main_writes_with_two_members_down_and_they_rejoin(
         assert value.strip() == "written"
 
 
-def test_events_down_leaves_main_alone(control_plane: lab.Lab, converged: dict[str, Any]) -> None:
+def test_events_down_leaves_main_alone(control_plane: Lab, converged: dict[str, Any]) -> None:
     events = [h.name for h in control_plane.hosts if h.group == "etcd_events"]
     for host in events:
         sh(control_plane, host, "systemctl stop etcd-events.service")

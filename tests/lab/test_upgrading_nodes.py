@@ -31,8 +31,8 @@ from typer.testing import CliRunner
 from superkube.cli import app
 from superkube.cluster import roll
 from superkube.cluster.kube import LAB_ONLY_KUBELET_CONFIG
-from superkube.lab import hosts as lab
-from superkube.lab import nodes, scaleout
+from superkube.lab import machines, nodes, scaleout
+from superkube.lab.state import Lab
 from superkube.model.spec import POOL_LABEL, PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
 from superkube.model.teams import TEAM_KEY
 from tests.lab.conftest import Labs, get, kubectl, ok
@@ -45,24 +45,24 @@ CHANGED = {"containerLogMaxSize": "20Mi"}  # the kubelet setting the new image c
 PROBE = "roll-probe"
 
 
-def gpu_pool(fleet: lab.Lab) -> str:
+def gpu_pool(fleet: Lab) -> str:
     return next(h.pool for h in fleet.hosts if h.group == "gpu_nodes")
 
 
-def load() -> lab.Lab:
-    fleet = lab.Lab.load()
+def load() -> Lab:
+    fleet = Lab.load()
     assert fleet is not None
     return fleet
 
 
-def kubelet_config(fleet: lab.Lab, name: str) -> dict[str, Any]:
+def kubelet_config(fleet: Lab, name: str) -> dict[str, Any]:
     """The kubelet configuration the instance booted with (read from its root on this machine, not
     over SSH)."""
-    root = lab._host_dir(fleet, fleet.host(name)) / "root"
+    root = machines.host_dir(fleet, fleet.host(name)) / "root"
     return dict(yaml.safe_load((root / "var/lib/kubelet/config.yaml").read_text()))
 
 
-def created(fleet: lab.Lab) -> dict[str, str]:
+def created(fleet: Lab) -> dict[str, str]:
     """Each Node's creation time: a replaced instance registers a new Node of the same name."""
     return {n["metadata"]["name"]: n["metadata"]["creationTimestamp"] for n in get(fleet, "nodes")["items"]}
 
@@ -70,7 +70,7 @@ def created(fleet: lab.Lab) -> dict[str, str]:
 class Availability:
     """Polls a Deployment's available replicas while the roll runs: the least seen, and every pod."""
 
-    def __init__(self, fleet: lab.Lab) -> None:
+    def __init__(self, fleet: Lab) -> None:
         self.fleet = fleet
         self.least: int | None = None
         self.pods: set[str] = set()
@@ -97,7 +97,7 @@ class Availability:
         self._thread.join()
 
 
-def probe_objects(fleet: lab.Lab, pool: str) -> str:
+def probe_objects(fleet: Lab, pool: str) -> str:
     """Two replicas on the pool's nodes, one per node, with a budget of one disruption at a time."""
     labels = {"app": PROBE}
     deployment = {
@@ -131,7 +131,7 @@ def probe_objects(fleet: lab.Lab, pool: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def upgrade(labs: Labs, control_plane: lab.Lab) -> dict[str, Any]:
+def upgrade(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     labs.converge(control_plane)
     applied = CliRunner().invoke(app, ["lab", "apply"])
     assert applied.exit_code == 0, applied.output

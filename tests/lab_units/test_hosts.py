@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from superkube.cluster import cloudinit
+from superkube.lab import fabric, kernel, machines
 from superkube.lab import hosts as lab
 
 
@@ -22,13 +23,13 @@ def test_the_labs_join_script_is_the_plans_with_a_short_jitter() -> None:
         ).removeprefix("#cloud-config\n")
     )  # fmt: skip
     script = next(f["content"] for f in doc["write_files"] if f["path"] == cloudinit.JOIN_SCRIPT)
-    short = lab.lab_join_script(script)
+    short = machines.lab_join_script(script)
     assert cloudinit.join_jitter_seconds(script) == 600
-    assert cloudinit.join_jitter_seconds(short) == lab.LAB_JOIN_JITTER_S
+    assert cloudinit.join_jitter_seconds(short) == machines.LAB_JOIN_JITTER_S
     changed = [(a, b) for a, b in zip(script.splitlines(), short.splitlines(), strict=True) if a != b]
     assert len(changed) == 1 and "shuf" in changed[0][0]
     with pytest.raises(lab.LabError, match="no jitter"):
-        lab.lab_join_script("#!/bin/sh\nsystemctl enable --now kubelet\n")
+        machines.lab_join_script("#!/bin/sh\nsystemctl enable --now kubelet\n")
 
 
 def test_runs_as_root() -> None:
@@ -37,7 +38,7 @@ def test_runs_as_root() -> None:
 
 def test_layouts_of_every_size_are_routable() -> None:
     for n in (1, 2, 4, 8, 12):
-        hosts, subnets, facts = lab.layout(n)
+        hosts, subnets, facts = fabric.layout(n)
         assert len(hosts) == n + 2
         for h in hosts:
             assert any(IPv4Address(h.address) in IPv4Network(s) for s in subnets)
@@ -52,25 +53,25 @@ def test_layouts_of_every_size_are_routable() -> None:
 def test_the_kubelets_kernel_tunables_are_set_for_the_lab_and_put_back_by_down(tmp_path: Path) -> None:
     sysctl, state = tmp_path / "sys", tmp_path / "state"
     state.mkdir()
-    machine = {**lab.KUBELET_KERNEL_TUNABLES, "kernel/panic": 1, "kernel/panic_on_oops": 0}
+    machine = {**kernel.KUBELET_KERNEL_TUNABLES, "kernel/panic": 1, "kernel/panic_on_oops": 0}
     for key, value in machine.items():
         (sysctl / key).parent.mkdir(parents=True, exist_ok=True)
         (sysctl / key).write_text(f"{value}\n")
-    lab._set_kernel_for_kubelets(state, sysctl)
-    assert {k: int((sysctl / k).read_text()) for k in machine} == lab.KUBELET_KERNEL_TUNABLES
-    lab._set_kernel_for_kubelets(state, sysctl)  # again (a retried up): what the machine had stays saved
+    kernel.set_kernel_for_kubelets(state, sysctl)
+    assert {k: int((sysctl / k).read_text()) for k in machine} == kernel.KUBELET_KERNEL_TUNABLES
+    kernel.set_kernel_for_kubelets(state, sysctl)  # again (a retried up): what the machine had stays saved
     removed: list[str] = []
-    lab._restore_kernel(state, removed, sysctl)
+    kernel.restore_kernel(state, removed, sysctl)
     assert {k: int((sysctl / k).read_text()) for k in machine} == machine
     assert sorted(removed) == ["kernel kernel.panic=1 restored", "kernel kernel.panic_on_oops=0 restored"]
-    assert not (state / lab.KERNEL_SAVED).exists()
+    assert not (state / kernel.KERNEL_SAVED).exists()
 
 
 def test_the_inotify_limit_is_raised_for_the_hosts_and_never_lowered(tmp_path: Path) -> None:
     limit = tmp_path / "max_user_instances"
     limit.write_text("128\n")
-    lab._ensure_inotify_instances(16, limit)  # 16 booted hosts hold more than 128 (134 measured)
-    assert int(limit.read_text()) == 256 + lab.INOTIFY_INSTANCES_PER_HOST * 16
+    kernel.ensure_inotify_instances(16, limit)  # 16 booted hosts hold more than 128 (134 measured)
+    assert int(limit.read_text()) == 256 + kernel.INOTIFY_INSTANCES_PER_HOST * 16
     limit.write_text("100000\n")
-    lab._ensure_inotify_instances(16, limit)
+    kernel.ensure_inotify_instances(16, limit)
     assert limit.read_text() == "100000\n"

@@ -119,11 +119,10 @@ def test_the_agents_image_runs_every_agent_on_its_own_python(tmp_path: Path, fla
     entry point the layer and the node roles start answers, and the package inside computes the very
     name the image is imported under, which is the layer's pin."""
     from superkube.agents import AGENTS_IMAGE
-    from superkube.lab import agents_image
-    from superkube.lab import hosts as lab
+    from superkube.lab import agents_image, rootfs
     from tests.agents.test_wheel import HOST_PROGRAMS, layer_programs
 
-    base = lab.build_base_image(lambda what, fraction: None)
+    base = rootfs.build_base_image(lambda what, fraction: None)
     image = agents_image.agents(base)
     assert image.ref == AGENTS_IMAGE
     # built again from nothing (its own cache): the same bytes, pip's record of where the wheel was

@@ -15,8 +15,8 @@ from modules.platform import node_health
 from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_probe
 from superkube.cli import app
 from superkube.lab import agent_pods, layer
-from superkube.lab import hosts as lab
 from superkube.lab.errors import LabError
+from superkube.lab.state import Lab
 from superkube.plan import layer as plan_layer
 from tests import tls
 
@@ -38,7 +38,7 @@ def test_the_webhooks_tls_secret_gets_the_converged_bundle(tmp_path: Path) -> No
 
 
 def test_lab_apply_without_a_lab_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lab.Lab, "load", classmethod(lambda cls, state_dir=None: None))
+    monkeypatch.setattr(Lab, "load", classmethod(lambda cls, state_dir=None: None))
     result = CliRunner().invoke(app, ["lab", "apply"])
     assert result.exit_code == 2  # a usage error, as every command's missing prerequisite
     assert result.stderr.strip().splitlines() == [
@@ -47,7 +47,7 @@ def test_lab_apply_without_a_lab_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_lab_apply_before_converge_says_to_converge(tmp_path: Path) -> None:
-    fleet = lab.Lab(
+    fleet = Lab(
         hosts=[],
         subnets=[],
         state_dir=str(tmp_path),
@@ -57,7 +57,7 @@ def test_lab_apply_before_converge_says_to_converge(tmp_path: Path) -> None:
     with pytest.raises(LabError, match=r"admin.kubeconfig is missing: run `superkube converge --inventory "):
         layer.kubectl(fleet)
     with pytest.raises(LabError, match="the lab has no kubectl build: run `superkube lab build`"):
-        layer.kubectl(lab.Lab(hosts=[], subnets=[], state_dir=str(tmp_path), base_image=""))
+        layer.kubectl(Lab(hosts=[], subnets=[], state_dir=str(tmp_path), base_image=""))
 
 
 def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_plan: Any) -> None:

@@ -1,7 +1,11 @@
-"""The package's wings import one way, and no module imports itself back through others.
+"""The package's wings and the project's top-level trees import one way, and nothing imports itself
+back through others.
 
-Read from the source (ast), every import counted: module level, inside functions, and under
-`TYPE_CHECKING`, so that a lazy import cannot hide a wrong direction or a cycle.
+Read from the source (ast), every import counted: module level, inside functions, under
+`TYPE_CHECKING`, and a module loaded by name (`importlib.import_module("...")`), so that a lazy or
+dynamic import cannot hide a wrong direction or a cycle. Three trees are read: the package
+(`src/superkube`, one place per wing), the Pulumi components (`modules/`) and the policy pack
+(`policies/`), each a place of its own.
 """
 
 from __future__ import annotations
@@ -11,35 +15,59 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "src" / "superkube"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "superkube"
+TREES = {"superkube": PACKAGE, "modules": ROOT / "modules", "policies": ROOT / "policies"}
+"""top-level name -> its folder"""
 
-# What each wing may import, besides itself. From the bottom: model knows nothing else; cluster
-# (the facts) and agents stand on model; plan reads the facts; fleet and lab act on all of it;
-# the command line sits on top.
+# What each place may import, besides itself. From the bottom: model (the spec, its address plan and
+# the contract a policy rule is written against) knows nothing else; cluster (the facts) and agents
+# stand on model; the Pulumi components (modules) and the rules (policies) stand on those; plan reads
+# the facts and loads the rules by name (it runs modules/ through the project's __main__.py, by
+# path); fleet acts on a fleet; the harness runs real components beside a loopback API server; the
+# lab boots real hosts, built by the harness, and applies modules' objects to them; the command line
+# sits on top.
 MAY_IMPORT: dict[str, set[str]] = {
     "model": set(),
     "cluster": {"model"},
     "agents": {"model", "cluster"},
-    "plan": {"model", "cluster"},
+    "modules": {"model", "cluster", "agents"},
+    "policies": {"model", "cluster", "agents"},
+    "plan": {"model", "cluster", "policies"},
     "fleet": {"model", "cluster", "plan", "agents"},
-    "lab": {"model", "cluster", "plan", "agents", "fleet"},
-    "cli": {"model", "cluster", "plan", "agents", "fleet", "lab"},
+    "harness": {"model", "cluster", "agents"},
+    "lab": {"model", "cluster", "plan", "agents", "fleet", "harness", "modules"},
+    "cli": {"model", "cluster", "plan", "agents", "fleet", "harness", "lab"},
 }
+LAB_COMMANDS = {"superkube.cli.lab"}
+"""the only commands that may import the lab or the harness: `superkube lab ...`"""
 
 
-def module_name(path: Path, package: Path = PACKAGE) -> str:
-    parts = path.relative_to(package.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p, tree): p for tree in TREES.values() for p in sorted(tree.rglob("*.py"))}
+
+
+def _loaded_by_name(node: ast.AST) -> str | None:
+    """`importlib.import_module("x")` or `import_module("x")` with a literal name: "x"."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return (
+        str(node.args[0].value) if name == "import_module" and isinstance(node.args[0].value, str) else None
+    )
 
 
 def imports(path: Path, known: set[str], root: Path = PACKAGE) -> set[str]:
-    """The superkube modules `path` imports, by their full names."""
+    """The project's modules `path` imports, by their full names."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    ours = tuple(TREES)
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -52,26 +80,58 @@ def imports(path: Path, known: set[str], root: Path = PACKAGE) -> set[str]:
                 source = node.module or ""
             # `from superkube.plan import report` names a module; `from superkube.x import Name` a name
             targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
+        elif (loaded := _loaded_by_name(node)) is not None:
+            targets = [loaded]
         else:
             continue
-        out |= {t for t in targets if t == "superkube" or t.startswith("superkube.")}
+        out |= {t for t in targets if t in ours or t.startswith(tuple(f"{o}." for o in ours))}
     return out - {name}
 
 
 def wing(module: str) -> str:
+    """The place a module sits: its wing of the package, or its top-level tree."""
     parts = module.split(".")
+    if parts[0] != "superkube":
+        return parts[0]
     return parts[1] if len(parts) > 1 else ""
 
 
 def graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
-    return {name: imports(path, known) for name, path in found.items()}
+    roots = {name: TREES[name.split(".")[0]] for name in found}
+    return {name: imports(path, known, roots[name]) for name, path in found.items()}
 
 
 def test_every_module_sits_in_a_wing() -> None:
     loose = sorted(m for m in modules() if wing(m) not in MAY_IMPORT)
     assert not loose, f"modules outside the wings {sorted(MAY_IMPORT)}: {loose}"
+
+
+def test_every_tree_is_read() -> None:
+    found = {wing(m) for m in modules()}
+    assert {"modules", "policies", "model", "harness", "lab", "cli"} <= found
+
+
+def test_the_evaluator_loads_the_rules_and_the_rules_know_only_the_contract() -> None:
+    edges = graph()
+    assert "policies.rules" in edges["superkube.plan.checks"]
+    rule_modules = [m for m in edges if m.startswith("policies.rules.")]
+    assert rule_modules
+    for module in rule_modules:
+        assert not {t for t in edges[module] if wing(t) == "plan"}, module
+    assert "superkube.model.policy" in set().union(*(edges[m] for m in rule_modules))
+
+
+def test_no_command_outside_superkube_lab_imports_the_lab_or_the_harness() -> None:
+    wrong = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if wing(module) == "cli" and module not in LAB_COMMANDS
+        for target in sorted(targets)
+        if wing(target) in ("lab", "harness")
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_wings_import_only_downward() -> None:
@@ -137,6 +197,7 @@ def test_the_import_reader_sees_lazy_relative_and_typing_imports(tmp_path: Path)
         "def later():\n"
         "    import superkube.lab.hosts\n"
         "    from superkube.cluster import kube\n"
+        "    importlib.import_module('policies.rules')\n"
     )
     known = {
         "superkube.model.spec",
@@ -150,4 +211,5 @@ def test_the_import_reader_sees_lazy_relative_and_typing_imports(tmp_path: Path)
         "superkube.plan.engine",
         "superkube.lab.hosts",
         "superkube.cluster.kube",
+        "policies.rules",
     }

@@ -123,7 +123,7 @@ def test_a_gpu_pool_grows_for_a_job_though_its_nodes_register_behind_preflight(a
     neither, and the real autoscaler answered every pending GPU pod with "didn't trigger scale-up:
     8 node(s) had untolerated taint(s)" (bench/autoscaler.py, first run)."""
     from superkube.cluster import jobs
-    from superkube.lab import autoscaler as ca_lab
+    from superkube.harness import autoscaler as ca_lab
 
     startup = {v for k, v in (a.removeprefix("--").partition("=")[::2] for a in autoscaler_args(any_plan))
                if k == "startup-taint"}  # fmt: skip

@@ -21,20 +21,23 @@ etcd_app = typer.Typer(help="The cluster's two etcd clusters (main and events)."
 @etcd_app.command("status")
 def etcd_status(
     inventory: Annotated[
-        Path | None, typer.Option("--inventory", "-i", help="Ansible inventory (default: the lab's).")
+        Path | None,
+        typer.Option(
+            "--inventory",
+            "-i",
+            help="Ansible inventory (default: $SUPERKUBE_INVENTORY, else a running lab's).",
+        ),
     ] = None,
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
     """Members, health, leader and DB size of the main and events clusters, as each member reports."""
     from superkube.fleet import converge as fleet
-    from superkube.lab import hosts as lab
 
     if inventory is None:
-        inventory = lab.STATE_DIR / "inventory.yml"
-        if not inventory.is_file():
-            fail(
-                "no --inventory given and no lab is up; start one (superkube lab up) or pass --inventory FILE"
-            )
+        try:
+            inventory = fleet.default_inventory()
+        except fleet.FleetError as exc:
+            fail(str(exc))
     elif not inventory.is_file():
         fail(f"--inventory {inventory}: no such file")
     with err.status("asking every etcd member"):

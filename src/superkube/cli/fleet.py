@@ -27,7 +27,12 @@ from superkube.model.spec import SpecError
 
 def converge(
     inventory: Annotated[
-        Path | None, typer.Option("--inventory", "-i", help="Ansible inventory (default: the lab's).")
+        Path | None,
+        typer.Option(
+            "--inventory",
+            "-i",
+            help="Ansible inventory (default: $SUPERKUBE_INVENTORY, else a running lab's).",
+        ),
     ] = None,
     limit: Annotated[
         str | None, typer.Option("--limit", "-l", help="Hosts or groups to converge (Ansible --limit).")
@@ -46,14 +51,12 @@ def converge(
     from rich.live import Live
 
     from superkube.fleet import converge as fleet
-    from superkube.lab import hosts as lab
 
     if inventory is None:
-        inventory = lab.STATE_DIR / "inventory.yml"
-        if not inventory.is_file():
-            fail(
-                "no --inventory given and no lab is up; start one (superkube lab up) or pass --inventory FILE"
-            )
+        try:
+            inventory = fleet.default_inventory()
+        except fleet.FleetError as exc:
+            fail(str(exc))
     if retry:
         if limit:
             fail("--retry and --limit both choose hosts; give one")

@@ -119,10 +119,10 @@ def lab_apply(
 ) -> None:
     """Apply the in-cluster layer (what `superkube render` writes for the lab's stack) to the lab's API
     server with `kubectl apply --server-side`, as `pulumi up` does in production; after converge."""
-    from superkube.lab import hosts as lab
     from superkube.lab import layer
+    from superkube.lab.state import Lab
 
-    fleet = lab.Lab.load()
+    fleet = Lab.load()
     if fleet is None:
         fail("no lab is up; run `superkube lab up` and `superkube converge` first")
     done = _lab_call(layer.apply, fleet, lambda what: err.print(what, highlight=False))
@@ -148,10 +148,10 @@ def lab_join(
 ) -> None:
     """Join node hosts to the lab's control plane for real, after converge: start cloud-init's join
     unit (TLS bootstrap, CSR signed by the controller-manager) and wait until each Node is Ready."""
-    from superkube.lab import hosts as lab
     from superkube.lab import nodes
+    from superkube.lab.state import Lab
 
-    fleet = lab.Lab.load()
+    fleet = Lab.load()
     if fleet is None:
         fail("no lab is up; run `superkube lab up` and `superkube converge` first")
     joined = _lab_call(nodes.join, fleet, hosts or (), 180, lambda what: err.print(what, highlight=False))
@@ -167,9 +167,9 @@ def lab_join(
 
 
 def _loaded() -> Any:
-    from superkube.lab import hosts as lab
+    from superkube.lab.state import Lab
 
-    fleet = lab.Lab.load()
+    fleet = Lab.load()
     if fleet is None:
         fail("no lab is up; run `superkube lab up` and `superkube converge` first")
     return fleet
@@ -280,7 +280,7 @@ def lab_build(
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
     """Build the pinned control plane from its Go modules into the build cache (a second run builds nothing)."""
-    from superkube.lab import build
+    from superkube.harness import build
 
     pins = {}
     for item in pin or []:

@@ -6,7 +6,7 @@ with the cluster's spec:
   shard scrapes every job, keeps only its own share, and remote-writes to the long-term store, so
   queries see all shards' series in one place;
 - each job's `metric_relabel_configs` drop the series explosions known at this scale, each with the
-  reason (`DROP` below); `tests/monitoring` shows each rule removes its series and keeps siblings;
+  reason (`DROP` below); `tests/cluster/test_prometheus.py` shows each rule removes its series and keeps siblings;
 - query limits and GOMAXPROCS are flags and environment of the server: the `monitoring` role's
   unit sets them;
 - alert and recording rules live in `data/monitoring/rules.yml`, each alert unit-tested with

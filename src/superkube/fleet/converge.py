@@ -20,10 +20,54 @@ from typing import Any, Literal
 
 PLAYBOOKS = Path(__file__).resolve().parents[3] / "playbooks"
 Settings = Literal["superkube", "stock"]
+INVENTORY_ENV = "SUPERKUBE_INVENTORY"
+"""The inventory `converge` and `etcd status` use when given no --inventory, named by the operator."""
+CURRENT_INVENTORY = Path("/var/lib/superkube/inventory")
+"""Else the inventory named in this file: whoever stands a fleet up says here where its inventory is
+(`superkube lab up` writes it, `lab down` removes it). The fleet knows no lab; the lab knows this."""
 
 
 class FleetError(Exception):
     """A user error: one line, what and how to fix."""
+
+
+def default_inventory(current: Path = CURRENT_INVENTORY) -> Path:
+    """--inventory's default: $SUPERKUBE_INVENTORY, else the inventory `current` names."""
+    named = os.environ.get(INVENTORY_ENV)
+    if named:
+        if not Path(named).is_file():
+            raise FleetError(f"{INVENTORY_ENV}={named}: no such file; point it at an inventory or unset it")
+        return Path(named)
+    try:
+        path = Path(current.read_text().strip())
+    except OSError:
+        raise FleetError(
+            f"no --inventory given, no {INVENTORY_ENV}, and no fleet is up; pass --inventory FILE "
+            "(superkube inventory writes one) or start a lab (superkube lab up)"
+        ) from None
+    if not path.is_file():
+        raise FleetError(f"{current} names {path}, which is gone; pass --inventory FILE or start a lab again")
+    return path
+
+
+def set_current_inventory(path: Path, current: Path = CURRENT_INVENTORY) -> None:
+    """Name `path` as the inventory commands use by default (written whole, then renamed into place)."""
+    current.parent.mkdir(parents=True, exist_ok=True)
+    partial = current.with_name(current.name + ".partial")
+    partial.write_text(f"{path.resolve()}\n")
+    partial.rename(current)
+
+
+def clear_current_inventory(path: Path, current: Path = CURRENT_INVENTORY) -> bool:
+    """Forget `path` as the default inventory, if it is the one named; True when it was."""
+    try:
+        named = Path(current.read_text().strip())
+    except OSError:
+        return False
+    if named != path.resolve():
+        return False
+    current.unlink(missing_ok=True)
+    return True
 
 
 @dataclass

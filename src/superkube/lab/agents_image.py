@@ -26,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from superkube.lab import build, images
+from superkube.harness import build
+from superkube.lab import images
 
 PYTHON = "python3.11"  # Debian 12's, which the lab's base image carries (and Dockerfile.agents' base)
 PYTHON_PACKAGES = (f"{PYTHON}-minimal", f"lib{PYTHON}-minimal", f"lib{PYTHON}-stdlib")

@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from superkube.lab import build
+from superkube.harness import build
 
 SOURCES = "images"  # in the project (the checkout's Pulumi.yaml directory): one directory per image
 REGISTRY = "superkube.local"  # a name no host resolves: these images are only ever imported

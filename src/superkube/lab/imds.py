@@ -5,7 +5,7 @@ does the same from its switch namespace, where one server knows each host by the
 of the request (the host's own IP or any of its NIC's secondary IPs, as a pod's request would come).
 Documents follow Azure's documented shape for api-version 2021-02-01 (the parts nodes read:
 `compute` with `tagsList`, `network.interface[].ipv4.ipAddress[].privateIpAddress` and `subnet`)
-and are built by `superkube.lab.hosts` from the plan's scale-set NIC IP configurations and tags.
+and are built by `superkube.lab.fabric` from the plan's scale-set NIC IP configurations and tags.
 
 As Azure does, the server refuses a request without the `Metadata: true` header, without an
 `api-version`, or with an `X-Forwarded-For` header, with HTTP 400 and an `error` message.

@@ -22,7 +22,8 @@ from typing import Any
 from superkube.cluster import render
 from superkube.cluster.render import SECRET
 from superkube.lab import agent_pods
-from superkube.lab.hosts import LAB_STACK, SWITCH, Lab, LabError
+from superkube.lab.errors import LabError
+from superkube.lab.state import LAB_STACK, SWITCH, Lab
 from superkube.model import teams
 
 FIELD_MANAGER = "superkube"

@@ -27,7 +27,8 @@ from superkube.cluster import cloudinit
 from superkube.cluster.kube import SERVING_CERTS_MODULE
 from superkube.lab import layer
 from superkube.lab.errors import LabError
-from superkube.lab.hosts import Lab, run_on, ssh
+from superkube.lab.machines import run_on, ssh
+from superkube.lab.state import Lab
 
 JOIN_PATH = Path(cloudinit.JOIN_PATH_UNIT).name  # the unit cloud-init's runcmd enables
 

@@ -37,9 +37,10 @@ from superkube.cluster import cloudinit, join, roll
 from superkube.cluster.join import DEFAULT_ROTATE_S, DEFAULT_TTL_S
 from superkube.cluster.kube import APISERVERS
 from superkube.cluster.roll import is_ready, schedulable
-from superkube.lab import agent_pods, hosts, layer
+from superkube.lab import agent_pods, hosts, inventory, layer, machines, processes
 from superkube.lab.errors import LabError
-from superkube.lab.hosts import Host, Lab
+from superkube.lab.state import LAB_STACK, SWITCH, Host, Lab
+from superkube.lab.state import run as lab_run
 from superkube.model import vmsizes
 
 IMAGES = "images"  # under the lab's state folder: <pool>/root and <pool>/containerd
@@ -81,7 +82,7 @@ def model_path(lab: Lab, scale_set: str) -> Path | None:
     """The scale set's model as the lab's fabric reads it: the newest written, by the publisher on an
     API-server host (the join_tokens role) or by `superkube lab publish` (None: neither wrote one)."""
     folders = [models_dir(lab)] + [
-        hosts._host_dir(lab, h) / "root" / hosts.PUBLISHED_MODELS.lstrip("/")
+        machines.host_dir(lab, h) / "root" / inventory.PUBLISHED_MODELS.lstrip("/")
         for h in lab.hosts
         if h.group == APISERVERS
     ]
@@ -99,7 +100,7 @@ def _pool_group(lab: Lab, pool: str) -> str:
 
 def _copy(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    hosts.run(["cp", "-a", "--one-file-system", f"{source}/.", str(target)], timeout=900)
+    lab_run(["cp", "-a", "--one-file-system", f"{source}/.", str(target)], timeout=900)
 
 
 def generalize(root: Path, pool_files: Iterable[str]) -> list[str]:
@@ -134,12 +135,12 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
     progress(f"{name}: a builder host from the base image")
     builder = hosts.add_host(lab, name, group, pool)
     try:
-        root = hosts._prepare_root(lab, builder, files={})  # an image build has no custom data
-        hosts._write_known_hosts(lab)
-        hosts.write_inventory(lab)
-        hosts.boot(lab, builder, root)
+        root = machines.prepare_root(lab, builder, files={})  # an image build has no custom data
+        machines.write_known_hosts(lab)
+        inventory.write_inventory(lab)
+        machines.boot(lab, builder, root)
         lab.save()
-        hosts.wait_ready(lab, builder, time.monotonic() + 120)
+        machines.wait_ready(lab, builder, time.monotonic() + 120)
         progress(f"{name}: converging the node roles (site.yml, this host alone)")
         result = runner.converge(lab.inventory, limit=name, extra_vars=dict(baking.BAKE_VARS))
         _check(result, f"baking {pool}: converge of {name}")
@@ -152,12 +153,12 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
             extra_vars=baking.generalize_vars(name, files),
         )
         _check(result, f"baking {pool}: generalizing {name}")
-        hosts._terminate(builder.pid)
+        processes.terminate(builder.pid)
         builder.pid = None
         progress(f"{name}: capturing its root and containerd store")
         shutil.rmtree(target, ignore_errors=True)  # a bake that stopped halfway left it unfinished
         _copy(root, target / "root")
-        _copy(hosts._host_dir(lab, builder) / "containerd", target / "containerd")
+        _copy(machines.host_dir(lab, builder) / "containerd", target / "containerd")
         swept = generalize(target / "root", files)
         (target / "image.json").write_text(
             json.dumps({"pool": pool, "baked_at": time.time(), "swept_after_capture": swept}, indent=2)
@@ -168,8 +169,8 @@ def bake(lab: Lab, pool: str, progress: Callable[[str], None] = lambda what: Non
     finally:
         if any(h.name == name for h in lab.hosts):
             hosts.remove_host(lab, name)
-        hosts._write_known_hosts(lab)
-        hosts.write_inventory(lab)
+        machines.write_known_hosts(lab)
+        inventory.write_inventory(lab)
     _prune(lab, pool, target)
     progress(f"{pool}: image baked in {target}")
     return target
@@ -201,7 +202,7 @@ def publisher_config(lab: Lab) -> Path:
     documents = join_tokens.documents_of({p["scale_set"]: p["custom_data"] for p in lab.pools.values()})
     settings = lab.facts.get("join_tokens") or {}  # the inventory's superkube_join_tokens
     config = {
-        "cluster": hosts.LAB_STACK,
+        "cluster": LAB_STACK,
         "server": server,
         "ca_file": str(kubernetes / "ca.crt"),
         "documents": documents,
@@ -219,7 +220,7 @@ def publish(lab: Lab) -> dict[str, Any]:
     servers' address is reached); what it did."""
     config = publisher_config(lab)
     command = [
-        "ip", "netns", "exec", hosts.SWITCH, sys.executable, "-m", "superkube.agents.join_tokens",
+        "ip", "netns", "exec", SWITCH, sys.executable, "-m", "superkube.agents.join_tokens",
         "--config", str(config), "--kubeconfig", str(Path(lab.state_dir) / "pki" / PUBLISHER_KUBECONFIG),
         "--once", "--json",
     ]  # fmt: skip
@@ -248,7 +249,7 @@ def instance_files(custom_data: str) -> dict[str, list[str]]:
     for f in doc.get("write_files") or []:
         content = str(f["content"])
         if f["path"] == cloudinit.JOIN_SCRIPT:
-            content = hosts.lab_join_script(content)
+            content = machines.lab_join_script(content)
         files[str(f["path"])] = [content, str(f.get("permissions", "0644"))]
     if cloudinit.BOOTSTRAP_KUBECONFIG not in files:
         raise LabError(
@@ -377,22 +378,22 @@ def _boot(
     for name in names:
         host = hosts.add_host(lab, name, group, pool, image=str(image) if image else "")
         try:
-            root = hosts._prepare_root(lab, host, files=files)
+            root = machines.prepare_root(lab, host, files=files)
             _enable_join(root)
             if faults and name in faults:
                 vm = vmsizes.size(lab.pools[pool]["vm_size"], f"pool {pool}")
                 agent_pods.write_reading(root, name, vm.name, vm.gpus, faults[name])
             if image is not None:  # the image's disk: containerd's store, with its images
-                _copy(image.parent / "containerd", hosts._host_dir(lab, host) / "containerd")
+                _copy(image.parent / "containerd", machines.host_dir(lab, host) / "containerd")
             booted[name] = time.monotonic()
-            hosts.boot(lab, host, root)
+            machines.boot(lab, host, root)
         except BaseException:
             hosts.remove_host(lab, name)
             raise
         lab.save()
         progress(f"{name}: booted from the {'base' if image is None else pool} image")
-    hosts._write_known_hosts(lab)
-    hosts.write_inventory(lab)
+    machines.write_known_hosts(lab)
+    inventory.write_inventory(lab)
     return booted
 
 
@@ -411,7 +412,7 @@ def scale_out_by_converge(
     # the plan's cloud-init files; its runcmd makes the join wait for converge's bootstrap kubeconfig
     booted = _boot(lab, pool, _next_names(lab, _pool_group(lab, pool), count), None, None, progress)
     for name in booted:
-        hosts.wait_ready(lab, lab.host(name), time.monotonic() + 120)
+        machines.wait_ready(lab, lab.host(name), time.monotonic() + 120)
     progress(f"converging {', '.join(booted)}")
     # converge runs while the nodes are watched: each joins as soon as converge's kubelet role has
     # written its bootstrap kubeconfig, before the play ends, and is timed then
@@ -491,8 +492,8 @@ def scale_in(
         progress(f"{name}: drained")
         _delete(lab, name)
         progress(f"{name}: instance and Node deleted")
-    hosts._write_known_hosts(lab)
-    hosts.write_inventory(lab)
+    machines.write_known_hosts(lab)
+    inventory.write_inventory(lab)
     return gone
 
 
@@ -615,8 +616,8 @@ class LabPool:
                         else ""
                     )
                 ) from None
-        hosts._write_known_hosts(self.lab)
-        hosts.write_inventory(self.lab)
+        machines.write_known_hosts(self.lab)
+        inventory.write_inventory(self.lab)
 
 
 def roll_pool(
@@ -645,13 +646,13 @@ def roll_pool(
     except roll.RollError as exc:
         raise LabError(str(exc)) from None
     finally:
-        hosts._write_known_hosts(lab)
-        hosts.write_inventory(lab)
+        machines.write_known_hosts(lab)
+        inventory.write_inventory(lab)
 
 
 def logins(lab: Lab, host: Host) -> list[str]:
     """The SSH logins sshd accepted on a running host, read from its own journal (not over SSH)."""
-    children = hosts._children(host.pid) if host.pid else []
+    children = processes.children(host.pid) if host.pid else []
     if not children:
         raise LabError(f"{host.name} is not running")
     proc = subprocess.run(

@@ -77,7 +77,7 @@ NAMES = (
 HOST_COMPONENTS = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc")
 """what `lab up` gives the lab's hosts. Not kwok (it runs beside the lab, against its API server), nor
 the gang controllers: in production they are the in-cluster layer's pods, in the lab host processes
-beside the API server (`superkube.lab.gang`)."""
+beside the API server (`superkube.harness.gang`)."""
 KWOK_VERSION = "v0.8.0"
 """kwok simulates Nodes (and their pods) against the lab's real API server: a lab-only tool, never
 installed by the roles, so it is pinned here rather than in the release file"""

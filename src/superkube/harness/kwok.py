@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from superkube.lab import apiserver, build
-from superkube.lab.apiserver import die_with_parent
-from superkube.lab.errors import LabError
+from superkube.harness import apiserver, build
+from superkube.harness.apiserver import die_with_parent
+from superkube.harness.errors import HarnessError
 
 ANNOTATION = "kwok.x-k8s.io/node"
 """the annotation that hands a Node to kwok (value `fake`)"""
@@ -205,7 +205,7 @@ def start(
     try:
         (built,) = build.build_all(wanted, lambda label, what: progress(f"{label}: {what}"))
     except build.BuildError as exc:
-        raise LabError(f"kwok: {exc}") from None
+        raise HarnessError(f"kwok: {exc}") from None
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "kwok.yaml"
     config.write_text(yaml.safe_dump_all(stages(), sort_keys=False))
@@ -227,7 +227,7 @@ def start(
     time.sleep(0.5)
     if not kwok.alive():
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        raise LabError(f"kwok exited at start: {' | '.join(tail) or 'no output'} (log: {log})")
+        raise HarnessError(f"kwok exited at start: {' | '.join(tail) or 'no output'} (log: {log})")
     return kwok
 
 

@@ -10,7 +10,7 @@ cluster CA) with the in-cluster layer's RBAC. What the lab puts in Azure's place
   node group is one of the plan's autoscaled scale sets, read from the tags the autoscaler reads on
   Azure (`scale_sets`): min and max, and the node template (labels, taints, resources). What the
   SKU gives on Azure (CPU, memory) is `TEMPLATE_CAPACITY`. A scale-up creates the Nodes, which kwok
-  then plays (`superkube.lab.kwok`).
+  then plays (`superkube.harness.kwok`).
 - That provider needs two ConfigMaps and may create and delete Nodes and read them: lab-only RBAC
   (`provider_objects`), bound to the same user. Azure's provider needs neither.
 - The binary is not a published Go module: `scripts/build_autoscaler.py` builds it from a checkout
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from superkube.cluster import autoscaling
-from superkube.lab import apiserver, gang, kwok
-from superkube.lab.errors import LabError
+from superkube.harness import apiserver, gang, kwok
+from superkube.harness.errors import HarnessError
 
 KWOK_CONFIG = "kwok-provider-config"
 KWOK_TEMPLATES = "kwok-provider-templates"
@@ -69,10 +69,10 @@ def binary_path(version: str = autoscaling.VERSION) -> Path:
 
 
 def binary(version: str = autoscaling.VERSION) -> Path:
-    """Where `scripts/build_autoscaler.py` puts the release's binary; LabError saying how when absent."""
+    """Where `scripts/build_autoscaler.py` puts the release's binary; HarnessError saying how when absent."""
     path = binary_path(version)
     if not path.is_file():
-        raise LabError(
+        raise HarnessError(
             f"no cluster-autoscaler v{version} built at {path}: run scripts/build_autoscaler.py with a "
             f"checkout of kubernetes/autoscaler at tag cluster-autoscaler-{version}"
         )
@@ -129,7 +129,7 @@ def scale_sets(plan: Any, pool: str | None = None) -> list[ScaleSet]:
         if autoscaling.is_autoscaled(tags) and (pool is None or tags.get("superkube-pool") == pool):
             out.append(scale_set(r.name, tags))
     if not out:
-        raise LabError(f"the plan has no autoscaled scale set{f' in pool {pool}' if pool else ''}")
+        raise HarnessError(f"the plan has no autoscaled scale set{f' in pool {pool}' if pool else ''}")
     return out
 
 
@@ -268,7 +268,9 @@ def start(
     time.sleep(1)
     if not ca.alive():
         tail = ca.log().strip().splitlines()[-3:]
-        raise LabError(f"cluster-autoscaler exited at start: {' | '.join(tail) or 'no output'} (log: {log})")
+        raise HarnessError(
+            f"cluster-autoscaler exited at start: {' | '.join(tail) or 'no output'} (log: {log})"
+        )
     return ca
 
 
@@ -309,7 +311,7 @@ class KwokMaxSizes:
                 return
             except subprocess.CalledProcessError as exc:
                 if "modified" not in (exc.stderr or ""):
-                    raise LabError(
+                    raise HarnessError(
                         f"the governor's update of the kwok templates failed: {exc.stderr.strip()}"
                     ) from None
-        raise LabError(f"the kwok templates kept changing under the governor's update of {dict(sizes)}")
+        raise HarnessError(f"the kwok templates kept changing under the governor's update of {dict(sizes)}")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from superkube.lab import build
+from superkube.harness import build
 
 SERVICE_CIDR = "10.96.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
@@ -41,7 +41,7 @@ _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
 # every request, who made it and what it asked (not the bodies): what tests count an agent's requests by
 KWOK_NAMESPACE, KWOK_ACCOUNT = "kube-system", "kwok"
 KWOK_USER = f"system:serviceaccount:{KWOK_NAMESPACE}:{KWOK_ACCOUNT}"
-"""the simulated kubelets' identity (`superkube.lab.kwok`): at thousands of nodes their Lease renewals
+"""the simulated kubelets' identity (`superkube.harness.kwok`): at thousands of nodes their Lease renewals
 would flood the audit log that requests are counted from, so they are not audited"""
 ADMIN_USER = "superkube-admin"  # the admin kubeconfig's user, as the audit log names it
 

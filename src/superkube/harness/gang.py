@@ -16,7 +16,7 @@ the configuration, flags and identities production gives them.
   garbage collector (a deleted MPIJob's pods go with it) and the node lifecycle controller (it lifts
   the not-ready taint the API server puts on every new Node once the node reports Ready).
 
-kwok (`superkube.lab.kwok`) plays every node's kubelet.
+kwok (`superkube.harness.kwok`) plays every node's kubelet.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import yaml
 
 from superkube.cluster import cloudinit
 from superkube.cluster.gang import CONTROLLER_NAME, MPI_OPERATOR_NAME, POD_GROUP_LABEL
-from superkube.lab import apiserver, build, kwok
-from superkube.lab.errors import LabError
+from superkube.harness import apiserver, build, kwok
+from superkube.harness.errors import HarnessError
 from superkube.model.teams import TEAM_KEY, TeamTuple
 
 BUILT = ("scheduler-plugins", "scheduler-plugins-controller", "mpi-operator")
@@ -88,7 +88,7 @@ class Relay:
         t.start()
         t.join()
         if isinstance(made[0], BaseException):
-            raise LabError(f"relay into {netns}: {made[0]}")
+            raise HarnessError(f"relay into {netns}: {made[0]}")
         self._socket = made[0]
         self._stopped = False
         self._open: list[socket.socket] = []
@@ -217,7 +217,7 @@ def _container(objects: Sequence[Mapping[str, Any]], deployment: str) -> dict[st
         if o.get("kind") == "Deployment" and o["metadata"]["name"] == deployment:
             (container,) = o["spec"]["template"]["spec"]["containers"]
             return dict(container)
-    raise LabError(f"the gang component has no Deployment {deployment}: is the MPI Operator turned off?")
+    raise HarnessError(f"the gang component has no Deployment {deployment}: is the MPI Operator turned off?")
 
 
 def _token(api: apiserver.LocalApi, namespace: str, account: str) -> str:
@@ -254,7 +254,7 @@ def start(
             b.component.name: b for b in build.build_all(wanted, lambda c, what: progress(f"{c}: {what}"))
         }
     except build.BuildError as exc:
-        raise LabError(str(exc)) from None
+        raise HarnessError(str(exc)) from None
     workdir.mkdir(parents=True, exist_ok=True)
     gang = Gang(api, workdir)
     try:
@@ -329,7 +329,7 @@ def scheduling(
     try:
         (built,) = build.build_all(wanted, lambda c, what: progress(f"{c}: {what}"))
     except build.BuildError as exc:
-        raise LabError(str(exc)) from None
+        raise HarnessError(str(exc)) from None
     workdir.mkdir(parents=True, exist_ok=True)
     gang = Gang(api, workdir)
     try:
@@ -378,7 +378,7 @@ def gpu_node(
     labels.update({"kubernetes.io/hostname": name, "nvidia.com/gpu.count": GPU_CAPACITY["nvidia.com/gpu"]})
     selectors = [t.selector for t in teams if t.team == team]
     if not selectors:
-        raise LabError(
+        raise HarnessError(
             f"no team {team!r} among the plan's teams: {', '.join(sorted({t.team for t in teams}))}"
         )
     labels.update(selectors[0])
@@ -393,14 +393,14 @@ def cpu_node(name: str, cluster: str = "flagship") -> tuple[dict[str, Any], dict
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 0.5) -> Any:
-    """`check()`'s first truthy value, polled every `every` s; LabError after `timeout` s."""
+    """`check()`'s first truthy value, polled every `every` s; HarnessError after `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
         if found:
             return found
         time.sleep(every)
-    raise LabError(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise HarnessError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def register(api: apiserver.LocalApi, nodes: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> None:

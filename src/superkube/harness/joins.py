@@ -24,7 +24,7 @@ The steady client (`steady`, run as its own process so the joins' threads do not
 interpreter) is an ordinary user beside the storm: it lists the pods of a namespace and writes a
 ConfigMap there, back to back, on one kept-alive connection, and records each request's latency.
 
-    python -m superkube.lab.joins steady URL CA CERT KEY NAMESPACE SECONDS OUT.jsonl
+    python -m superkube.harness.joins steady URL CA CERT KEY NAMESPACE SECONDS OUT.jsonl
 """
 
 from __future__ import annotations
@@ -408,6 +408,8 @@ def steady(url: str, ca: Path, cert: Path, key: Path, namespace: str, seconds: f
 
 if __name__ == "__main__":
     if len(sys.argv) != 9 or sys.argv[1] != "steady":
-        sys.exit("usage: python -m superkube.lab.joins steady URL CA CERT KEY NAMESPACE SECONDS OUT.jsonl")
+        sys.exit(
+            "usage: python -m superkube.harness.joins steady URL CA CERT KEY NAMESPACE SECONDS OUT.jsonl"
+        )
     _, _, url_, ca_, cert_, key_, ns_, seconds_, out_ = sys.argv
     steady(url_, Path(ca_), Path(cert_), Path(key_), ns_, float(seconds_), Path(out_))
