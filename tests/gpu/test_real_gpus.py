@@ -28,11 +28,21 @@ def listed_gpus() -> int:
 
 
 def size_of(gpu_name: str) -> str:
-    """The VM size in vm_sizes.yaml whose GPU model this GPU is (`device` when none is)."""
+    """The VM size in vm_sizes.yaml whose GPU model this GPU is (`device` when none is): of the sizes
+    whose model has this GPU's chip (A100, H100, H200), the one whose model shares most of its other
+    parts with the name NVML reports (form factor, memory), so an `NVIDIA H100 NVL` is judged as an
+    H100-NVL-94GB and an `NVIDIA H100 80GB HBM3` as an H100-SXM5-80GB. A tie between two models (an
+    `NVIDIA H100 PCIe`, which no size has) is no model."""
     sizes = yaml.safe_load(vmsizes.DATA.read_text())["sizes"]
-    return next(
-        (s for s, f in sizes.items() if f["gpus"] and f["gpu_model"].split("-")[0] in gpu_name), "device"
-    )
+    name = gpu_name.upper()
+    scored = [
+        (sum(part in name for part in f["gpu_model"].upper().split("-")), f["gpu_model"], s)
+        for s, f in sizes.items()
+        if f["gpus"] and f["gpu_model"].split("-")[0] in gpu_name
+    ]
+    best = max((score for score, _, _ in scored), default=0)
+    top = [(model, s) for score, model, s in scored if score == best]
+    return top[0][1] if top and len({model for model, _ in top}) == 1 else "device"
 
 
 def test_the_real_gpus_read_healthy_with_the_right_count() -> None:
