@@ -1,10 +1,12 @@
-"""The README's figures, made from bench/results/ and the code, so they cannot drift from either.
+"""The guides' figures, made from bench/results/ and the code, so they cannot drift from either.
 
 Run: .venv/bin/python bench/figures.py           (prints the blocks)
-     .venv/bin/python bench/figures.py --write   (rewrites them between the README's figure markers)
-tests/test_readme.py fails when a README block is not what this prints, when the monitoring section's
-sizing sentence says other figures than `sizing_phrases`, and when a results file was measured on a
-tree that has changed since (another rule count, object count or resource count).
+     .venv/bin/python bench/figures.py --write   (rewrites each between its figure markers, in the one
+                                                  page of README.md and docs/*.md that holds them:
+                                                  today docs/09-figures.md)
+tests/test_readme.py fails when a block is not what this prints, when the monitoring guide's sizing
+sentence says other figures than `sizing_phrases`, and when a results file was measured on a tree
+that has changed since (another rule count, object count or resource count).
 """
 
 from __future__ import annotations
@@ -431,7 +433,7 @@ def _agents_rows() -> list[tuple[str, str, str]]:
 
 
 def monitoring_table() -> str:
-    """The monitoring section's measured table, from bench/monitoring.py's results."""
+    """The monitoring store's measured table, from bench/monitoring.py's results."""
     monitoring = results("monitoring")
     per_host, store = monitoring["series_per_host"], monitoring["store"]
     labels = {
@@ -455,7 +457,7 @@ def monitoring_table() -> str:
 
 
 def sizing_phrases() -> list[str]:
-    """The monitoring section's sizing sentence, figure by figure, as the README must say it."""
+    """The monitoring guide's sizing sentence, figure by figure, as docs/07-monitoring.md must say it."""
     store = store_sizing()
     return [
         f"The flagship's {store['nodes']:,} nodes at {store['series_per_node']:,.0f} series each",
@@ -485,22 +487,37 @@ def block(name: str) -> str:
     return "\n".join([begin, BLOCKS[name](), end])
 
 
-def readme_block(text: str, name: str) -> str:
+def written_block(text: str, name: str) -> str:
+    """The block as a page holds it, markers included."""
     begin, end = markers(name)
     return text[text.index(begin) : text.index(end) + len(end)]
 
 
+def pages() -> list[Path]:
+    """Every page a block may live in: the README and the guides."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def home(name: str) -> Path:
+    """The one page that holds the block's markers."""
+    begin, _ = markers(name)
+    found = [page for page in pages() if begin in page.read_text()]
+    if len(found) != 1:
+        where = ", ".join(str(p.relative_to(ROOT)) for p in found) or "no page"
+        raise SystemExit(f"the {name} block's markers must be in exactly one page, found in {where}")
+    return found[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite the README's blocks")
+    parser.add_argument("--write", action="store_true", help="rewrite the blocks in the page holding each")
     args = parser.parse_args()
-    readme = ROOT / "README.md"
-    text = readme.read_text()
     for name in BLOCKS:
-        text = text.replace(readme_block(text, name), block(name))
-        print(block(name))
-    if args.write:
-        readme.write_text(text)
+        page, made = home(name), block(name)
+        print(made)
+        if args.write:
+            text = page.read_text()
+            page.write_text(text.replace(written_block(text, name), made))
 
 
 if __name__ == "__main__":
