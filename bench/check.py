@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/check.py   (prints a table; writes bench/results/check.json)
 Target: checking the flagship adds under 1 s to planning it. The table says whether this run met
-it; bench/figures.py carries the verdict into the README.
+it; bench/figures.py carries the verdict into docs/09-figures.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Run: .venv/bin/python bench/join_storm.py [--stack flagship] [--seed 1]
      (prints a table; writes bench/results/join_storm.json)
 
-Model (documented in the README, "Smoothed scale-up"):
+Model (documented in docs/04-in-cluster-layer.md, "Smoothed scale-up"):
 - under the scale-up governor (`superkube.agents.scale_governor`), cluster-autoscaler asks for at
   most the governor's room, `budget(safe_join_rate_per_minute)` nodes, at each provider refresh (one
   a minute): its worst case is the whole room at once, every refresh. Without it, a batch of

@@ -16,8 +16,8 @@ as Azure documents them, so a job that takes a step out of order fails here as i
   test play the instances' guests (a kubelet stopping, a new one registering);
 - `throttle` answers the next requests with 429 and `Retry-After: 0`; `fail_next` and `fail_version`
   make the next VM's or version's creation end Failed, as Azure's operation reports it.
-It is a stand-in for what cannot run here, and says so in the README; what it answers follows from
-those rules, never from what a test expects."""
+It is a stand-in for what cannot run here, and says so in docs/01-operating-on-azure.md; what it
+answers follows from those rules, never from what a test expects."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 - the GPU pool's image is baked by converging a builder host with the node roles and generalizing it
   with generalize.yml over SSH; it carries the
   node software and the imported images, and none of the builder's own state, no join credential
-  (kube-proxy's client certificate is still in it: the README says so);
+  (kube-proxy's client certificate is still in it: docs/01-operating-on-azure.md says so);
 - the join-token publisher, a service converge installed on the API-server hosts (the join_tokens
   role), issues a short-lived token in the real API server from the one host that holds its lease,
   and writes the pool's model: the plan's custom data, from the in-cluster layer's ConfigMap, plus the
