@@ -29,7 +29,6 @@ Nothing else in the release changes.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -42,7 +41,7 @@ sys.path[:0] = [str(ROOT / "src")]
 
 from superkube.agents import scale_governor  # noqa: E402
 from superkube.cluster import autoscaling  # noqa: E402
-from superkube.harness import autoscaler  # noqa: E402
+from superkube.harness import autoscaler, build  # noqa: E402
 
 PROVIDER = "cloudprovider/kwok/kwok_provider.go"
 ANCHOR = "\tkubeClient := kubeclient.NewForConfigOrDie(restConfig)\n"
@@ -141,9 +140,10 @@ def main() -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
         print(f"building cluster-autoscaler {args.version} (kwok provider) into {out}", file=sys.stderr)
+        go = build.go_binary(lambda what: print(what, file=sys.stderr))  # the components' pinned Go
         built = subprocess.run(
-            ["go", "build", "-tags", "kwok", "-o", str(partial), "."],
-            cwd=src, env={**os.environ, "CGO_ENABLED": "0"},
+            [go, "build", "-tags", "kwok", "-o", str(partial), "."],
+            cwd=src, env={**build.go_env(go), "CGO_ENABLED": "0"},
         )  # fmt: skip
         if built.returncode != 0:
             fail(f"go build failed (exit {built.returncode}); its output is above")

@@ -11,6 +11,9 @@
 #   promtool, prometheus   from Debian's prometheus package, unpacked into .tools/bin without installing
 #                      the package (which would start a Prometheus server on this machine); tests
 #                      run them on loopback only
+#   golang-go          only where no go is installed: any Go fetches the one Go the components are built
+#                      with (superkube.harness.build.GO_VERSION) as a module; Debian 12's own is too old
+#                      to build them
 #   haproxy            the lab's API load balancer (Azure's internal load balancer, health probe included),
 #                      unpacked into .tools/bin likewise (the package would start a service); its
 #                      libraries (liblua5.3-0, libopentracing-c-wrapper0) are installed as packages
@@ -18,6 +21,7 @@ set -euo pipefail
 packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl
   curl liblua5.3-0 libopentracing-c-wrapper0 gcc libc6-dev pkg-config libseccomp-dev)
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
+command -v go >/dev/null 2>&1 || packages+=(golang-go)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -92,9 +93,9 @@ def test_an_entry_counts_as_built_only_while_its_binaries_match_the_manifest(tmp
 
 
 def test_a_cached_entry_is_returned_without_running_go(tmp_path: Path) -> None:
-    fake_entry(build.entry(ETCD, "9.9.9", tmp_path))
+    fake_entry(build.entry(ETCD, build.GO_VERSION, tmp_path))
     said: list[str] = []
-    got = build.build(ETCD, "9.9.9", lambda component, what: said.append(what), tmp_path)
+    got = build.build(ETCD, "no-go-is-run", lambda component, what: said.append(what), tmp_path)
     assert got.cached and said == ["cached"]
 
 
@@ -165,3 +166,57 @@ def test_go_json_streams_are_read_object_by_object() -> None:
     text = '{\n\t"Path": "a",\n\t"Error": "refused"\n}\n{\n\t"Path": "b"\n}\n'
     assert build._json_stream(text) == [{"Path": "a", "Error": "refused"}, {"Path": "b"}]
     assert build._json_stream("") == []
+
+
+def test_builds_run_two_at_a_time_but_never_two_of_one_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    wanted = build.components()
+    spans: dict[str, tuple[float, float]] = {}
+    running: set[str] = set()
+    most = [0]
+    guard = threading.Lock()
+
+    def fake_build(component: build.Component, go: str, progress: object, cache_dir: Path) -> build.Built:
+        with guard:
+            running.add(component.name)
+            most[0] = max(most[0], len(running))
+        started = time.monotonic()
+        time.sleep(0.05)
+        with guard:
+            running.discard(component.name)
+        spans[component.name] = (started, time.monotonic())
+        return build.Built(component, cache_dir, {}, False, 0.05)
+
+    monkeypatch.setattr(build, "build", fake_build)
+    monkeypatch.setattr(build, "go_binary", lambda progress=None: "go")
+    done = build.build_all(wanted, jobs=2)
+    assert [b.component.name for b in done] == [c.name for c in wanted]  # results in the order asked
+    assert most[0] == 2
+    by_module: dict[str, list[tuple[float, float]]] = {}
+    for c in wanted:
+        by_module.setdefault(c.module, []).append(spans[c.name])
+    for module, each in by_module.items():
+        each.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(each)), module
+    # one at a time when asked
+    most[0] = 0
+    build.build_all(wanted, jobs=1)
+    assert most[0] == 1
+
+
+def test_a_failed_build_stops_the_queue_and_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+
+    def fake_build(component: build.Component, go: str, progress: object, cache_dir: Path) -> build.Built:
+        started.append(component.name)
+        if component.name == "etcd":
+            raise build.BuildError("etcd v3.6.6: compiling etcd failed: boom")
+        return build.Built(component, cache_dir, {}, False, 0.0)
+
+    monkeypatch.setattr(build, "build", fake_build)
+    monkeypatch.setattr(build, "go_binary", lambda progress=None: "go")
+    with pytest.raises(build.BuildError, match="compiling etcd failed"):
+        build.build_all(build.components(), jobs=1)
+    assert started == ["etcd"]  # nothing after the failure was started

@@ -270,16 +270,21 @@ def lab_build(
         list[str] | None,
         typer.Option(
             "--only",
-            help="Build only this component (etcd, kubernetes, kubernetes-node, scheduler-plugins, containerd, runc, kwok); repeatable.",
+            help="Build only this component (lab build --help lists them); repeatable.",
         ),
     ] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", min=1, help="Components built at once (two of one module never are).")
+    ] = 2,
     pin: Annotated[
         list[str] | None,
         typer.Option("--pin", help="Build another version than the roles pin: NAME=VERSION; repeatable."),
     ] = None,
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
-    """Build the pinned control plane from its Go modules into the build cache (a second run builds nothing)."""
+    """Build the pinned components from their Go modules into the build cache (a second run builds
+    nothing): etcd, kubernetes, kubernetes-node, scheduler-plugins, containerd, runc, kwok,
+    scheduler-plugins-controller, mpi-operator."""
     from superkube.harness import build
 
     pins = {}
@@ -297,7 +302,7 @@ def lab_build(
         fail(f"--pin {exc}")
     try:
         results = build.build_all(
-            wanted, lambda component, what: err.print(f"{component}: {what}", highlight=False)
+            wanted, lambda component, what: err.print(f"{component}: {what}", highlight=False), jobs=jobs
         )
     except build.BuildError as exc:
         fail(str(exc), code=1)

@@ -21,6 +21,14 @@ with no replace directives; the build module replaces each with its published re
 v1.35.0). scheduler-plugins pins its Kubernetes libraries with replace directives, which only apply
 in the main module: the build module repeats them. Both are read from the modules' own go.mod files
 through the module proxy at build time, never written down here.
+
+Every component is built with one Go, `GO_VERSION`: the installed `go` when it is that version, else
+that release's toolchain fetched as the module golang.org/toolchain through the module proxy (so the
+checksum database verifies it, as it does every module) by whatever `go` is installed (Debian 12's
+own 1.19 will do) and unpacked into the checkout's `.tools/`. Independent components build two at a
+time (`jobs`): on a cold cache a component spends much of its time resolving and downloading modules
+and linking, which leaves a core idle; two builds of one module never run at once, as they would
+compile the same packages twice.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +55,12 @@ import yaml
 from superkube.cluster.gang import MPI_OPERATOR_VERSION, RELEASES, scheduler_plugins_version
 
 CACHE_DIR = Path(os.environ.get("SUPERKUBE_BUILD_CACHE", "/var/cache/superkube/build"))
+GO_VERSION = "1.26.8"
+"""The Go every component is built with. It is part of each cache entry's key: changing it builds every
+component again (about half an hour on two cores from empty Go caches)."""
+TOOLCHAIN_DIR = Path(__file__).resolve().parents[3] / ".tools" / f"go{GO_VERSION}"
+"""Where the pinned toolchain is unpacked when the installed Go is another version (the checkout's
+.tools/, which git ignores)."""
 MANIFEST = "manifest.json"
 RECIPE = 2
 """Bump when how a component is built changes: entries made by another recipe are built again."""
@@ -237,14 +252,93 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
 
 
 def go_version() -> str:
-    """The Go toolchain's version, e.g. 1.26.8 (part of the cache key: another Go, another build)."""
+    """The Go toolchain's version the components are built with (part of the cache key)."""
+    return GO_VERSION
+
+
+def _version_of(go: str) -> str | None:
     try:
         text = subprocess.run(
-            ["go", "env", "GOVERSION"], check=True, capture_output=True, text=True, timeout=60
+            [go, "env", "GOVERSION"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "GOTOOLCHAIN": "local"},
         ).stdout
-    except FileNotFoundError:
-        raise BuildError("go is not installed: install the Go toolchain (Debian: golang-go)") from None
+    except (OSError, subprocess.SubprocessError):
+        return None
     return text.strip().removeprefix("go")
+
+
+def go_binary(progress: Callable[[str], None] = lambda what: None, toolchain: Path = TOOLCHAIN_DIR) -> str:
+    """The `go` of GO_VERSION: the installed one if it is that version, else the pinned toolchain in
+    `toolchain`, fetched there first if it is not yet."""
+    installed = shutil.which("go")
+    if installed and _version_of(installed) == GO_VERSION:
+        return installed
+    local = toolchain / "bin" / "go"
+    if local.is_file() and _version_of(str(local)) == GO_VERSION:
+        return str(local)
+    if installed is None:
+        raise BuildError(
+            f"no go to fetch Go {GO_VERSION} with: install Debian's golang-go (any version will do: "
+            f"apt-get install golang-go), or Go {GO_VERSION} itself"
+        )
+    progress(
+        f"fetching Go {GO_VERSION} as a module (the installed go is {_version_of(installed) or 'unknown'})"
+    )
+    fetch_toolchain(installed, toolchain)
+    return str(local)
+
+
+def fetch_toolchain(go: str, toolchain: Path = TOOLCHAIN_DIR) -> None:
+    """Download golang.org/toolchain at GO_VERSION for this machine through the module proxy with
+    `go` (which verifies it against the checksum database) and unpack it into `toolchain`."""
+    machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+    module = f"golang.org/toolchain@v0.0.1-go{GO_VERSION}.linux-{machine}"
+    with tempfile.TemporaryDirectory(prefix="superkube-go.") as tmp:
+        # a throwaway main module: an old go may not download outside one
+        Path(tmp, "go.mod").write_text("module superkube.toolchain\n\ngo 1.19\n")
+        env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"}
+        proc = subprocess.run(
+            [go, "mod", "download", "-json", module], cwd=tmp, env=env, capture_output=True, text=True
+        )
+        try:
+            info = json.loads(proc.stdout)
+        except ValueError:
+            info = {}
+        if proc.returncode != 0 or info.get("Error") or not info.get("Zip") or not info.get("Sum"):
+            why = info.get("Error") or (_cause(proc.stderr) if proc.stderr else "no answer")
+            raise BuildError(f"fetching {module} through the module proxy failed: {why}")
+        toolchain.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{toolchain.name}.", dir=toolchain.parent))
+        try:
+            prefix = module + "/"
+            with zipfile.ZipFile(info["Zip"]) as archive:
+                for member in archive.infolist():
+                    if not member.filename.startswith(prefix) or member.is_dir():
+                        continue
+                    target = partial / member.filename.removeprefix(prefix)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(member) as source, target.open("wb") as sink:
+                        shutil.copyfileobj(source, sink)
+                    target.chmod(0o755 if (member.external_attr >> 16) & 0o111 else 0o644)
+            if _version_of(str(partial / "bin" / "go")) != GO_VERSION:
+                raise BuildError(f"{module}: the unpacked toolchain does not say it is Go {GO_VERSION}")
+            shutil.rmtree(toolchain, ignore_errors=True)
+            partial.rename(toolchain)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def go_env(go: str) -> dict[str, str]:
+    """The environment a build runs go in: the pinned go first on PATH, never a go it downloads itself."""
+    return {
+        **os.environ,
+        "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GOTOOLCHAIN": "local",
+    }
 
 
 @dataclass
@@ -268,34 +362,76 @@ def build_all(
     wanted: list[Component],
     progress: Progress = lambda component, what: None,
     cache_dir: Path = CACHE_DIR,
+    jobs: int = 2,
 ) -> list[Built]:
-    """Build each component (or find it in the cache); raises BuildError at the first that fails."""
-    go = go_version()
-    return [build(c, go, progress, cache_dir) for c in wanted]
+    """Build each component (or find it in the cache), `jobs` at a time, in `wanted`'s order of
+    priority; two components of one module never at once. Raises BuildError for the first that
+    failed, once the builds under way have ended."""
+    go = go_binary(lambda what: progress("go", what))
+    pending = list(wanted)
+    done: dict[str, Built] = {}
+    failed: list[BaseException] = []
+    busy: set[str] = set()  # modules being built now
+    lock = threading.Condition()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                while True:
+                    if failed or not pending:
+                        return
+                    ready = next((c for c in pending if c.module not in busy), None)
+                    if ready is not None:
+                        break
+                    lock.wait()
+                pending.remove(ready)
+                busy.add(ready.module)
+            try:
+                result = build(ready, go, progress, cache_dir)
+            except BaseException as exc:
+                with lock:
+                    failed.append(exc)
+                    busy.discard(ready.module)
+                    lock.notify_all()
+                return
+            with lock:
+                done[ready.name] = result
+                busy.discard(ready.module)
+                lock.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(jobs, len(wanted))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return [done[c.name] for c in wanted]
 
 
 def build(component: Component, go: str, progress: Progress, cache_dir: Path = CACHE_DIR) -> Built:
+    """One component into its cache entry (found there if built before); `go`: the pinned go's path."""
     started = time.monotonic()
-    target = entry(component, go, cache_dir)
+    target = entry(component, GO_VERSION, cache_dir)
     found = _cached(target, component)
     if found is not None:
         progress(component.label, "cached")
         return Built(component, target, found, True, time.monotonic() - started)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f"go{go}.lock"):
+    with _locked(target.parent / f"go{GO_VERSION}.lock"):
         found = _cached(target, component)  # another run may have built it while we waited
         if found is not None:
             progress(component.label, "cached")
             return Built(component, target, found, True, time.monotonic() - started)
         if target.exists():
             shutil.rmtree(target)  # an entry whose binaries no longer match its manifest
-        work = Path(tempfile.mkdtemp(prefix=f"go{go}.", dir=target.parent))
+        work = Path(tempfile.mkdtemp(prefix=f"go{GO_VERSION}.", dir=target.parent))
         work.chmod(0o755)  # mkdtemp makes it private; the entry is read by whoever runs the lab
         try:
             manifest = _build_into(component, go, work, progress)
             work.rename(target)
         except BaseException as exc:
-            log = target.parent / f"go{go}.failed.log"
+            log = target.parent / f"go{GO_VERSION}.failed.log"
             with contextlib.suppress(OSError):
                 shutil.copyfile(work / "build.log", log)
             shutil.rmtree(work, ignore_errors=True)
@@ -329,17 +465,16 @@ def _cached(target: Path, component: Component) -> dict[str, Any] | None:
 def _build_into(component: Component, go: str, work: Path, progress: Progress) -> dict[str, Any]:
     log = work / "build.log"
     env = {
-        **os.environ,
+        **go_env(go),
         "CGO_ENABLED": "1" if component.cgo else "0",
-        "GOTOOLCHAIN": "local",
         "GOFLAGS": "-mod=mod -buildvcs=false",
         "GOWORK": "off",
     }
 
     def go_cmd(step: str, *args: str, check: bool = True) -> str:
-        return _run(component, step, ["go", *args], work, env, log, progress, check)
+        return _run(component, step, [go, *args], work, env, log, progress, check)
 
-    minor = ".".join(go.split(".")[:2])
+    minor = ".".join(GO_VERSION.split(".")[:2])
     (work / "go.mod").write_text(
         f"module superkube.build/{component.name}\n\ngo {minor}\n\n"
         f"require {component.module} {component.version}\n"
@@ -387,7 +522,7 @@ def _build_into(component: Component, go: str, work: Path, progress: Progress) -
         "component": component.name,
         "module": component.module,
         "version": component.version,
-        "go": go,
+        "go": GO_VERSION,
         "recipe": RECIPE,
         "ldflags": list(component.ldflags),
         "tags": list(component.tags),

@@ -157,21 +157,18 @@ def oci_archive(
 
 def _go_build(source: Path, out: Path) -> None:
     """A static binary from one of our own Go programs (no dependencies: nothing to download)."""
+    go = build.go_binary()  # the components' pinned Go
     env = {
-        **os.environ,
+        **build.go_env(go),
         "CGO_ENABLED": "0",
         "GOFLAGS": "-mod=mod -buildvcs=false",
         "GOOS": "linux",
         "GOARCH": "amd64",
-        "GOTOOLCHAIN": "local",  # the installed Go, never a downloaded one
     }
-    try:
-        proc = subprocess.run(
-            ["go", "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", str(out), "."],
-            cwd=source, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-    except FileNotFoundError:
-        raise build.BuildError("go is not installed: install the Go toolchain (Debian: golang-go)") from None
+    proc = subprocess.run(
+        [go, "build", "-trimpath", "-ldflags=-s -w -buildid=", "-o", str(out), "."],
+        cwd=source, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
     if proc.returncode != 0:
         raise build.BuildError(f"building {source.name}: {proc.stderr.strip()[-500:]}")
 
