@@ -34,15 +34,11 @@ lint-quick: install-test
 debian-deps:
 	bash scripts/debian-deps.sh
 
-# Debian packages first: the virtualenv itself may need python3-venv. mypy runs on the second core
-# while pytest runs (pytest is one process); the target fails if either does, after both finish.
+# Debian packages first: the virtualenv itself may need python3-venv. Then the suite in lanes
+# (scripts/run_tests.py): the unit tests and mypy run beside the components' build and the lab's
+# runs; the target fails if any step does, after every step has ended.
 test: debian-deps lint-quick
-	@types_log="$$(mktemp)"; \
-	$(BIN)/mypy > "$$types_log" 2>&1 & types_pid=$$!; \
-	$(BIN)/python -m pytest --durations=25; tests=$$?; \
-	wait $$types_pid; types=$$?; \
-	echo "mypy:"; cat "$$types_log"; rm -f "$$types_log"; \
-	[ $$tests -eq 0 ] && [ $$types -eq 0 ]
+	$(BIN)/python scripts/run_tests.py
 
 bench: install-test debian-deps
 	$(BIN)/python bench/plan.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -65,6 +66,32 @@ def write_stack(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+TIMES_ENV = "SUPERKUBE_TEST_TIMES"
+"""A file to write every test's phases to (setup, call, teardown: start, seconds, outcome) at the end of
+the run, for bench/ci_time.py's profile of where the suite's time goes."""
+_times: list[dict[str, Any]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get(TIMES_ENV):
+        _times.append(
+            {
+                "test": report.nodeid,
+                "phase": report.when,
+                "start": round(report.start, 3),
+                "seconds": round(report.duration, 3),
+                "outcome": report.outcome,
+            }
+        )
+
+
+def _write_times() -> None:
+    path = os.environ.get(TIMES_ENV)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(_times) + "\n")
+
+
 def _left_running(grace_s: float = 5.0) -> list[str]:
     """Threads a test started and never stopped, after a grace to finish: one line each, with where it
     waits. A daemon thread left running can take the interpreter down as it shuts down (a thread that
@@ -89,6 +116,7 @@ def _left_running(grace_s: float = 5.0) -> list[str]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """On CI a skipped test is a failure: whatever it needs must be installed, not skipped. And every
     thread a test started must have been stopped by the end."""
+    _write_times()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     left = _left_running()
     if left and session.exitstatus == 0:

@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,35 @@ FLEET = "8"  # the cycle of groups: 2 GPU, 2 CPU, NAT host, one of each control-
 # (the second GPU node joins in test_running_the_agents, watched, behind a preflight that fails first)
 CONTROL_PLANE = "gpu_nodes=2,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
 POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + store (+ hub client, internet)
+ORDER = {
+    FLEET: ("test_converge.py", "test_lab.py"),
+    POD_NETWORK: ("test_monitoring.py", "test_pod_network.py"),
+    # the control plane's modules build on what the ones before them left: nodes joined, a pool's image
+    # baked and scaled out, then the second converge that must change nothing, then the roll
+    CONTROL_PLANE: (
+        "test_running_control_plane.py",
+        "test_running_nodes.py",
+        "test_running_the_agents.py",
+        "test_scaling_out.py",
+        "test_split_control_plane.py",
+        "test_upgrading_nodes.py",
+    ),
+}
+"""The lab runs by the shape of their lab, each shape booted once: the modules of a shape run together,
+in this order (a lab test module must be named here; tests/layout holds it)."""
+MODULES = [module for modules in ORDER.values() for module in modules]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    at = [n for n, item in enumerate(items) if item.path.parent == here]
+    if not at:
+        return
+    rank = {name: n for n, name in enumerate(MODULES)}
+    # stable: a module's tests keep their order; the lab's block stays where it was collected
+    ours = sorted((items[n] for n in at), key=lambda item: rank.get(item.path.name, len(rank)))
+    rest = [item for item in items if item.path.parent != here]
+    items[:] = rest[: at[0]] + ours + rest[at[0] :]
 
 
 class Labs:
