@@ -14,8 +14,8 @@ with, which no longer matters once they hold a node certificate.
 The threat model (docs/01-operating-on-azure.md, "New instances join by themselves") rests on three
 facts kept here: every token the publisher issues expires (`MAX_TTL_S`), the file is root's alone
 (`KUBECONFIG_MODE`), and the token's group grants only the node-bootstrapper role and the
-auto-approval of node client certificates. (The kube_apiserver role's converge token does not expire
-yet; the README says so.)
+auto-approval of node client certificates. (Converge's own token, from the kube_pki and
+kube_apiserver roles, expires too: within `kube_pki_bootstrap_token_hours`, at most a day.)
 
 This module ships to the API-server hosts with the publisher (the join_tokens role): it imports only
 the standard library and PyYAML.
