@@ -32,18 +32,15 @@ def _team_configs(view: StackView) -> Iterator[tuple[Any, str, Any]]:
 
 def _teams_no_overlap(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     for r, key, text in _team_configs(view):
+        where = f"{_name(r)}:{key}"
         try:
-            tuples = teams.parse(yaml.safe_load(str(text)), f"{_name(r)}:{key}")
+            tuples = teams.parse(yaml.safe_load(str(text)), where, checked=False)
         except (yaml.YAMLError, teams.TeamsError) as e:
             yield Finding(f"{_name(r)}: the teams file cannot be read: {str(e).splitlines()[0]}", r.urn)
             continue
-        for i, j in teams.conflicts(tuples):
-            a, b = tuples[i], tuples[j]
-            yield Finding(
-                f"{_name(r)}: tuple {i} ({a.team}, {a.selector}) and tuple {j} ({b.team}, {b.selector}) can "
-                "select the same nodes; priority then decides silently which team loses them",
-                r.urn,
-            )
+        # the spec refuses the same tuples when the stack is planned (superkube.model.teams.problems)
+        for problem in teams.problems(tuples, where):
+            yield Finding(problem, r.urn)
 
 
 def _template_team(view: StackView, config: RuleConfig) -> Iterator[Finding]:
@@ -127,8 +124,10 @@ RULES = [
     Rule(
         "platform-teams-no-overlap",
         "high",
-        "No two teams' capacity tuples can select the same nodes, unless one of them is the borrowable team any.",
-        "Make the selectors disjoint (a label value only one team's nodes carry), or mark the shared nodes any.",
+        "No two teams' capacity tuples can select the same nodes, unless one of them is the borrowable team any "
+        "(at another priority).",
+        f"{teams.OVERLAP_FIX[0].upper()}{teams.OVERLAP_FIX[1:]}; against any at one priority, "
+        f"{teams.ANY_PRIORITY_FIX}.",
         _teams_no_overlap,
     ),
     Rule(

@@ -401,3 +401,49 @@ def test_a_suggested_fix_itself_plans(changes: dict[str, Any], stack: str) -> No
     assert error is not None, "the case must start broken"
     assert _apply_suggestion(config, error), f"the fix names no value to apply: {error}"
     assert plan(config) is None, f"after applying {error.fix!r}: {plan(config)}"
+
+
+TWO_TEAMS_ONE_POOL = "- {selector: {superkube.io/pool: gpu}, team: research}\n- {selector: {superkube.io/pool: gpu}, team: pretraining}\n"
+
+
+def _teams_stack(write_stack: Callable[..., Path], teams: str) -> str:
+    return str(write_stack({**dev_config(), "superkube:teams": teams}))
+
+
+@pytest.mark.parametrize(
+    ("first_fix", "then"),
+    [
+        # make the selectors disjoint: a label value only one team's nodes carry
+        (lambda t: t.replace("{superkube.io/pool: gpu}, team: research", "{superkube.io/pool: gpu, rack: a}, team: research")
+         .replace("{superkube.io/pool: gpu}, team: pretraining", "{superkube.io/pool: gpu, rack: b}, team: pretraining"), None),
+        # or mark the shared nodes any; against any, the team's tuple wins by a higher priority
+        (lambda t: t.replace("team: pretraining", "team: any"), lambda t: t.replace("team: research}", "team: research, priority: 10}")),
+    ],
+    ids=["disjoint selectors", "shared nodes any"],
+)  # fmt: skip
+def test_the_advice_on_two_teams_sharing_nodes_passes_plan_and_check(
+    first_fix: Callable[[str], str], then: Callable[[str], str] | None, write_stack: Callable[..., Path]
+) -> None:
+    """The spec and the rule platform-teams-no-overlap are one check (superkube.model.teams.problems):
+    what plan advises is what check accepts, and a priority never makes two teams' overlap pass."""
+    from superkube.model.teams import OVERLAP_FIX
+
+    for teams in (
+        TWO_TEAMS_ONE_POOL,
+        TWO_TEAMS_ONE_POOL.replace("team: pretraining}", "team: pretraining, priority: 5}"),
+    ):
+        refused = run_cli(["plan", "--stack", _teams_stack(write_stack, teams)])
+        assert refused.exit_code == 2 and refused.stderr.strip().endswith(f"; {OVERLAP_FIX}"), refused.stderr
+    teams = first_fix(TWO_TEAMS_ONE_POOL)
+    if then is not None:
+        refused = run_cli(["plan", "--stack", _teams_stack(write_stack, teams)])
+        assert (
+            refused.exit_code == 2
+            and "give the tuple whose nodes they should be a higher priority" in refused.stderr
+        )
+        teams = then(teams)
+    stack = _teams_stack(write_stack, teams)
+    planned = run_cli(["plan", "--stack", stack])
+    assert planned.exit_code == 0, planned.stderr
+    checked = run_cli(["check", "--stack", stack])
+    assert checked.exit_code == 0, checked.stdout

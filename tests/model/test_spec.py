@@ -65,7 +65,12 @@ def test_a_pools_team_is_what_its_own_labels_decide() -> None:
             {"selector": {"superkube.io/role": "gpu"}, "team": "any", "priority": 0},
             {"selector": {"superkube.io/pool": "gpu", "rack": "a"}, "team": "research", "priority": 10},
             {"selector": {"superkube.io/pool": "big", "tier": "pre"}, "team": "pretraining", "priority": 10},
-            {"selector": {"superkube.io/cluster": "other"}, "team": "research", "priority": 20},
+            # (two teams' tuples may not share nodes: this one keeps to research's pool)
+            {
+                "selector": {"superkube.io/cluster": "other", "superkube.io/pool": "gpu"},
+                "team": "research",
+                "priority": 20,
+            },
         ]
     )
     spec = ClusterSpec.model_construct(teams=tuples)

@@ -177,3 +177,28 @@ def test_one_change_fires_its_rule(
 
 def test_every_rule_has_a_case() -> None:
     assert {c[2] for c in CASES} == RULES
+
+
+def test_the_rule_says_what_the_spec_says(flagship: tuple[Doc, policy.RuleConfig]) -> None:
+    """platform-teams-no-overlap and the spec run one check (superkube.model.teams.problems): what the
+    one refuses the other does, with one fix, so the advice `plan` gives is what `check` accepts."""
+    from superkube.model import teams
+    from superkube.model.spec import SpecError, from_config
+    from tests.conftest import dev_config
+
+    tuples = [
+        {"selector": {"superkube.io/pool": "gpu"}, "team": "research", "priority": 0},
+        {"selector": {"superkube.io/pool": "gpu"}, "team": "pretraining", "priority": 5},
+    ]
+    doc, config = flagship
+    changed = copy.deepcopy(doc)
+    set_teams(tuples)(changed)
+    findings = [
+        f.message for f in job_rules._teams_no_overlap(checks.view_from_plan_document(changed), config)
+    ]
+    where = findings[0].partition("[")[0]
+    assert findings == teams.problems(teams.parse(tuples, checked=False), where)
+    stack = {k.partition(":")[2]: v for k, v in dev_config().items()}
+    with pytest.raises(SpecError) as refused:
+        from_config({**stack, "teams": yaml.safe_dump(tuples)})
+    assert refused.value.fix == teams.OVERLAP_FIX and findings[0].endswith(f"; {teams.OVERLAP_FIX}")

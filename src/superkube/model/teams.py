@@ -88,6 +88,15 @@ def overlap(a: TeamTuple, b: TeamTuple) -> bool:
     return all(b.selector.get(k, v) == v for k, v in a.selector.items())
 
 
+OVERLAP_FIX = (
+    "make the selectors disjoint (a label value only one team's nodes carry), or mark the shared nodes any"
+)
+"""How to fix two teams' tuples that can select the same nodes: said by the spec when a stack is
+planned and by the policy rule platform-teams-no-overlap when it is checked, so the two agree."""
+ANY_PRIORITY_FIX = "give the tuple whose nodes they should be a higher priority"
+"""How to fix a team's tuple and one of `any` that can select the same nodes at one priority."""
+
+
 def conflicts(tuples: Sequence[TeamTuple]) -> list[tuple[int, int]]:
     """Pairs of tuples of two different teams, neither `any`, that can match the same node."""
     return [
@@ -98,20 +107,46 @@ def conflicts(tuples: Sequence[TeamTuple]) -> list[tuple[int, int]]:
     ]
 
 
-def check(tuples: Sequence[TeamTuple], where: str = "teams") -> None:
-    """Overlapping tuples of different teams at one priority cannot say whose a node is."""
+def problems(tuples: Sequence[TeamTuple], where: str = "teams") -> list[str]:
+    """Why these tuples cannot say whose a node is, one line each, with the fix (empty when they can).
+
+    Two teams' tuples that can match one node are refused at any priority: priority would decide
+    silently which team loses the node (OVERLAP_FIX). A team's tuple and one of `any` may overlap
+    (a team's part of borrowable capacity), but not at one priority, which decides nothing."""
+    found = []
+    for i, j in conflicts(tuples):
+        a, b = tuples[i], tuples[j]
+        same = f" at the same priority {a.priority}" if a.priority == b.priority else ""
+        found.append(
+            f"{where}[{j}]: selector {b.selector} ({b.team}) can match the nodes of {where}[{i}] ({a.team}){same}, "
+            f"and two teams may not share nodes; {OVERLAP_FIX}"
+        )
     for i, a in enumerate(tuples):
         for j, b in enumerate(tuples):
-            if i < j and a.team != b.team and a.priority == b.priority and overlap(a, b):
-                raise TeamsError(
-                    f"{where}[{j}]: selector {b.selector} can match the nodes of {where}[{i}] "
-                    f"({a.team}) at the same priority {a.priority}; give one a higher priority or "
-                    "a selector that excludes the other's nodes"
+            if (
+                i < j
+                and ANY in (a.team, b.team)
+                and a.team != b.team
+                and a.priority == b.priority
+                and overlap(a, b)
+            ):
+                found.append(
+                    f"{where}[{j}]: selector {b.selector} ({b.team}) can match the nodes of {where}[{i}] "
+                    f"({a.team}) at the same priority {a.priority}; {ANY_PRIORITY_FIX}"
                 )
+    return found
 
 
-def parse(data: Any, where: str = "teams") -> list[TeamTuple]:
-    """The tuples of a YAML-loaded list; a bad one is a TeamsError naming its index."""
+def check(tuples: Sequence[TeamTuple], where: str = "teams") -> None:
+    """Tuples that cannot say whose a node is (see `problems`): a TeamsError, the first of them."""
+    found = problems(tuples, where)
+    if found:
+        raise TeamsError(found[0])
+
+
+def parse(data: Any, where: str = "teams", *, checked: bool = True) -> list[TeamTuple]:
+    """The tuples of a YAML-loaded list; a bad one is a TeamsError naming its index. Unless
+    `checked` is false, tuples that cannot say whose a node is are one too (`check`)."""
     if data is None:
         return []
     if not isinstance(data, list):
@@ -127,7 +162,8 @@ def parse(data: Any, where: str = "teams") -> list[TeamTuple]:
             loc = "".join(f".{p}" for p in first["loc"])
             msg = str(first["msg"]).removeprefix("Value error, ")
             raise TeamsError(f"{where}[{i}]{loc}: {msg}") from None
-    check(tuples, where)
+    if checked:
+        check(tuples, where)
     return tuples
 
 
