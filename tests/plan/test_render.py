@@ -224,3 +224,78 @@ def test_rbac_names_become_valid_label_values() -> None:
     assert label_value("superkube:gang-scheduler") == "superkube-gang-scheduler"
     assert label_value("x" * 70 + ":") == "x" * 63
     assert render.label_problems({"app.kubernetes.io/name": label_value("system:node:-a")}) == []
+
+
+SECRET_CASES = [
+    # (type, data, stringData, annotations, the field a real API server names, or None: it accepts)
+    ("kubernetes.io/tls", {}, None, None, "data[tls.crt]"),
+    ("kubernetes.io/tls", {"tls.crt": "Yw=="}, None, None, "data[tls.key]"),
+    ("kubernetes.io/tls", None, {"tls.crt": "c", "tls.key": "k"}, None, None),  # stringData counts
+    ("kubernetes.io/dockerconfigjson", {}, None, None, "data[.dockerconfigjson]"),
+    ("kubernetes.io/ssh-auth", {"id": "eA=="}, None, None, "data[ssh-privatekey]"),
+    ("kubernetes.io/basic-auth", {}, None, None, "data[username]"),
+    ("kubernetes.io/basic-auth", {"password": "cA=="}, None, None, None),
+    (
+        "kubernetes.io/service-account-token",
+        None,
+        None,
+        {},
+        "metadata.annotations[kubernetes.io/service-account.name]",
+    ),
+    ("kubernetes.io/service-account-token", None, None, {"kubernetes.io/service-account.name": "sa"}, None),
+    ("Opaque", {}, None, None, None),
+    ("kubernetes.io/tls", render.SECRET, None, None, None),  # the plan holds it: not known, so not missing
+]
+
+
+@pytest.mark.parametrize(("type_", "data", "string_data", "annotations", "field"), SECRET_CASES)
+def test_a_secret_without_what_its_type_requires_is_invalid(
+    type_: str, data: Any, string_data: Any, annotations: Any, field: str | None
+) -> None:
+    """What a real API server refuses beyond the schema (`data[tls.crt]: Required value`)."""
+    meta: dict[str, Any] = {"name": "s", "namespace": "n"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Secret", "type": type_, "metadata": meta}
+    obj.update({k: v for k, v in (("data", data), ("stringData", string_data)) if v is not None})
+    found = render.validate(obj, "1.35")
+    assert [p.field for p in found] == ([field] if field else []), found
+    assert all(p.reason.startswith("Required value: ") for p in found)
+
+
+def test_render_leaves_out_the_secret_only_pulumi_holds_and_says_how_to_set_it(tmp_path: Path) -> None:
+    """The team webhook's kubernetes.io/tls Secret has data only `pulumi up` has: written with its
+    data empty a real API server refuses it, so render writes every other object and says so."""
+    out = tmp_path / "rendered"
+    result = CliRunner().invoke(app, ["render", "-s", "dev", "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line == (
+        "left out: team-capacity: Secret/superkube-system/superkube-team-webhook-tls (kubernetes.io/tls): its "
+        "data (tls.crt, tls.key) is a secret of the stack, which the plan does not hold and pulumi up sends; "
+        "set it, once converge has written it: pulumi config set --secret superkube-secrets:team_webhook_tls "
+        "-s dev < <inventory dir>/pki/team-webhook.pem"
+    )
+    docs = [d for path in sorted(out.iterdir()) for d in yaml.safe_load_all(path.read_text())]
+    assert "Secret" not in {d["kind"] for d in docs if d["metadata"]["name"].endswith("-tls")}
+    assert all(render.validate(d, "1.35") == [] for d in docs)
+    assert result.stdout.strip().endswith(
+        "valid against Kubernetes 1.35.0 (strict); 1 Secret left out (above)"
+    )
+    plan = CliRunner().invoke(app, ["plan", "-s", "dev"])
+    assert (
+        "Secret data: Secret/superkube-system/superkube-team-webhook-tls holds a secret of the stack"
+        in " ".join(plan.stdout.split())
+    )
+
+
+def test_the_plan_keeps_the_secret_for_pulumi_up_and_the_lab(dev_plan: Any) -> None:
+    """The plan, the rules and the lab see the Secret; the lab fills its data with its own key pair
+    (what it applies is then valid), as `pulumi up` fills it with the stack's."""
+    from superkube.lab.layer import _with_secret_data
+    from superkube.model.teams import PLAN_WEBHOOK_TLS
+
+    (secret,) = [o for o in layer.objects(dev_plan)["team-capacity"] if o["kind"] == "Secret"]
+    assert secret["data"] == {} and render.validate(secret, "1.35")[0].field == "data[tls.crt]"
+    assert layer.problems(dev_plan, "1.35") == []
+    assert render.validate(_with_secret_data(secret, PLAN_WEBHOOK_TLS), "1.35") == []

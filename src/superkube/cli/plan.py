@@ -25,6 +25,7 @@ from superkube.cli.common import (
     write_atomically,
 )
 from superkube.cluster.kube import APISERVER_PORT
+from superkube.model.words import plural
 from superkube.plan import diagram, report
 
 
@@ -161,6 +162,22 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
         f"[bold]Capacity[/]: {cap['nodes']:,} nodes ({cap['gpu_nodes']:,} GPU), {cap['gpus']:,} GPUs, "
         f"{cap['pod_ips']:,} pod IPs, {cap['scale_sets']} scale sets, {cap['control_plane_vms']} control-plane VMs"
     )
+    _print_withheld(result)
+
+
+def _print_withheld(result: object) -> None:
+    """The layer's Secrets whose data the plan stands in for: `pulumi up` needs the stack's secret."""
+    from superkube.plan import layer
+    from superkube.plan.engine import Plan
+
+    assert isinstance(result, Plan)
+    _, withheld = layer.written(result)
+    for w in withheld:
+        out.print(
+            f"[bold]Secret data[/]: {escape(w.obj)} holds a secret of the stack, which the plan stands in for"
+            + (f"; before pulumi up: {escape(w.fix)}" if w.fix else ""),
+            highlight=False,
+        )
 
 
 def render(
@@ -183,7 +200,7 @@ def render(
         if not out_dir.resolve().parent.is_dir():
             fail(f"--out {out_dir}: {out_dir.resolve().parent} does not exist; create it first")
     result = planned(stack, project)
-    by_component = layer.objects(result)
+    by_component, withheld = layer.written(result)
     if not by_component:
         fail(
             f"stack {result.stack} has no in-cluster layer (superkube:in_cluster_layer is false); "
@@ -191,11 +208,14 @@ def render(
             code=1,
         )
     version = result.spec.kubernetes_version
-    found = layer.problems(result, version)
+    # what is written is what is checked, each object as a real API server would take it
+    found = [p for c, objs in by_component.items() for o in objs for p in rendering.validate(o, version, c)]
     if found:
         for problem in found:
             err.print(f"[bold red]invalid:[/] {escape(str(problem))}", markup=True, highlight=False)
         fail(f"{len(found)} invalid object(s) against Kubernetes {version}; nothing written", code=1)
+    for w in withheld:
+        err.print(f"[bold]left out:[/] {escape(str(w))}", markup=True, highlight=False)
     total = sum(len(objs) for objs in by_component.values())
     if out_dir is None:
         for component, objs in by_component.items():
@@ -206,8 +226,9 @@ def render(
     for component, objs in by_component.items():
         write_atomically(out_dir / names[component], rendering.to_yaml(objs))
     out.print(
-        f"{total} objects in {len(by_component)} files under {out_dir}, "
+        f"{plural(total, 'object')} in {plural(len(by_component), 'file')} under {out_dir}, "
         f"valid against Kubernetes {version} (strict)"
+        + (f"; {plural(len(withheld), 'Secret')} left out (above)" if withheld else "")
     )
 
 

@@ -38,9 +38,53 @@ class Problem:
 
 def redacted(obj: dict[str, Any]) -> dict[str, Any]:
     """A Secret whose data the plan holds as secret, with that data shown empty."""
-    if obj.get("kind") != "Secret" or SECRET not in (obj.get("data"), obj.get("stringData")):
+    if not holds_secret_data(obj):
         return obj
     return {**obj, **{k: {} for k in ("data", "stringData") if obj.get(k) == SECRET}}
+
+
+def holds_secret_data(obj: dict[str, Any]) -> bool:
+    """A Secret whose data the plan holds as secret: the keys and values are Pulumi's to send, and
+    nothing rendered from the plan has them."""
+    return obj.get("kind") == "Secret" and SECRET in (obj.get("data"), obj.get("stringData"))
+
+
+# What the API server requires of a Secret of each built-in type beyond its schema (apimachinery's
+# ValidateSecret): the data keys it must carry. stringData counts, as the server merges it into data.
+SECRET_TYPE_KEYS: dict[str, tuple[str, ...]] = {
+    "kubernetes.io/tls": ("tls.crt", "tls.key"),
+    "kubernetes.io/dockerconfigjson": (".dockerconfigjson",),
+    "kubernetes.io/dockercfg": (".dockercfg",),
+    "kubernetes.io/ssh-auth": ("ssh-privatekey",),
+}
+SERVICE_ACCOUNT_NAME = "kubernetes.io/service-account.name"
+
+
+def secret_problems(obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, reason) for what an API server would refuse in a Secret of a built-in type that its
+    schema allows: a key its type requires, missing from its data (`data[tls.crt]: Required value`).
+    A Secret whose data the plan holds as secret has keys not known here, so none are missing."""
+    if obj.get("kind") != "Secret" or obj.get("apiVersion") != "v1" or holds_secret_data(obj):
+        return []
+    kind = str(obj.get("type") or "Opaque")
+    keys = {str(k) for part in ("data", "stringData") if isinstance(obj.get(part), dict) for k in obj[part]}
+    if kind == "kubernetes.io/basic-auth" and not keys & {"username", "password"}:
+        return [("data[username]", f"Required value: a {kind} Secret needs data username or password")]
+    if kind == "kubernetes.io/service-account-token":
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        if SERVICE_ACCOUNT_NAME not in annotations:
+            return [
+                (
+                    f"metadata.annotations[{SERVICE_ACCOUNT_NAME}]",
+                    f"Required value: a {kind} Secret names its service account",
+                )
+            ]
+    needs = SECRET_TYPE_KEYS.get(kind, ())
+    return [
+        (f"data[{key}]", f"Required value: a {kind} Secret needs data {' and '.join(needs)}")
+        for key in needs
+        if key not in keys
+    ][:1]
 
 
 def name_of(obj: dict[str, Any]) -> str:
@@ -196,6 +240,7 @@ def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "obj
     import jsonschema
     import kubernetes_validate.utils as kv_utils
 
+    secret = secret_problems(obj)  # before the plan's secret data is shown empty: it is not missing
     obj = redacted(obj)
     label = name_of(obj)
     for path, labels in _label_maps(obj):
@@ -218,7 +263,9 @@ def validate(obj: dict[str, Any], kubernetes_version: str, component: str = "obj
         ]
     if validator is not None:
         error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
-        return [] if error is None else [Problem(component, label, _path(error.path), _reason(error))]
+        if error is not None:
+            return [Problem(component, label, _path(error.path), _reason(error))]
+        return [Problem(component, label, where, reason) for where, reason in secret]
     schema = crd_schemas().get((obj.get("apiVersion", ""), obj.get("kind", "")))
     if schema is None:
         return [

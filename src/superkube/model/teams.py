@@ -229,6 +229,14 @@ CA), which `superkube converge` writes as <inventory dir>/pki/team-webhook.pem. 
 own, like the kubeconfig, so it is never a declared (and so required) `superkube:` key."""
 PLAN_WEBHOOK_TLS = "plan: no certificate is read"
 """Stands in for that secret under the mock engine."""
+WEBHOOK_TLS_SECRET = "superkube-team-webhook-tls"
+"""The kubernetes.io/tls Secret that holds the webhook's key pair in the cluster, made from that secret."""
+
+
+def set_webhook_tls(stack: str = "<cluster>") -> str:
+    """The command that gives a stack the webhook's bundle, from the file converge writes."""
+    return f"pulumi config set --secret {WEBHOOK_TLS_KEY} -s {stack} < <inventory dir>/pki/team-webhook.pem"
+
 
 _PEM = re.compile(r"-----BEGIN ([A-Z ]+)-----\s.*?-----END \1-----", re.S)
 

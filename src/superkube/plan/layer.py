@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
-from superkube.cluster.render import Problem, redacted, validate
+from superkube.cluster.render import SECRET_TYPE_KEYS, Problem, holds_secret_data, name_of, redacted, validate
+from superkube.model import teams
 from superkube.plan.engine import Plan, Resource
 
 _KIND = re.compile(r"(?<!^)(?=[A-Z])")
@@ -21,12 +23,17 @@ def is_object(resource: Resource) -> bool:
     return resource.custom and resource.type.startswith("kubernetes:")
 
 
+def planned(resource: Resource) -> dict[str, Any]:
+    """The object as the plan holds it: apiVersion and kind first, a secret value as SECRET."""
+    inputs = dict(resource.inputs)
+    head = {"apiVersion": inputs.pop("apiVersion"), "kind": inputs.pop("kind")}
+    return {**head, **inputs}
+
+
 def manifest(resource: Resource) -> dict[str, Any]:
     """The object as the API server would receive it: apiVersion and kind first. A Secret's data is
     secret in the plan and stays out of it: it is shown empty (its keys and values never leave Pulumi)."""
-    inputs = dict(resource.inputs)
-    head = {"apiVersion": inputs.pop("apiVersion"), "kind": inputs.pop("kind")}
-    return redacted({**head, **inputs})
+    return redacted(planned(resource))
 
 
 def component_of(plan: Plan, resource: Resource) -> str:
@@ -65,15 +72,66 @@ def _apply_rank(obj: dict[str, Any]) -> tuple[int, str, str]:
     return rank, meta.get("namespace", ""), meta.get("name", "")
 
 
-def objects(plan: Plan) -> dict[str, list[dict[str, Any]]]:
-    """Every Kubernetes object of the plan, by component (sorted), each in an order it can be applied."""
+def _as_planned(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """Every Kubernetes object of the plan as the plan holds it, by component (sorted), each in an
+    order it can be applied in."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for resource in plan.resources:
         if is_object(resource):
-            out[component_of(plan, resource)].append(manifest(resource))
+            out[component_of(plan, resource)].append(planned(resource))
     # the foundation (namespace, classes) first, then the rest by name: the order files are applied in
     order = sorted(out, key=lambda c: (c != "foundation", c))
     return {component: sorted(out[component], key=_apply_rank) for component in order}
+
+
+def objects(plan: Plan) -> dict[str, list[dict[str, Any]]]:
+    """Every Kubernetes object of the plan, by component (sorted), each in an order it can be applied."""
+    return {c: [redacted(o) for o in objs] for c, objs in _as_planned(plan).items()}
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """An object `render` leaves out: a Secret whose data only `pulumi up` has, which written with its
+    data empty a real API server would refuse or hold empty."""
+
+    component: str
+    obj: str
+    type: str
+    stack: str
+
+    @property
+    def fix(self) -> str:
+        """How the stack is given the secret this Secret's data comes from ("" when not known here)."""
+        if self.obj.endswith(f"/{teams.WEBHOOK_TLS_SECRET}"):
+            return teams.set_webhook_tls(self.stack)
+        return ""
+
+    def __str__(self) -> str:
+        keys = SECRET_TYPE_KEYS.get(self.type)
+        holds = f"its data ({', '.join(keys)})" if keys else "its data"
+        return (
+            f"{self.component}: {self.obj} ({self.type}): {holds} is a secret of the stack, which the plan "
+            "does not hold and pulumi up sends"
+            + (f"; set it, once converge has written it: {self.fix}" if self.fix else "")
+        )
+
+
+def written(plan: Plan) -> tuple[dict[str, list[dict[str, Any]]], list[Withheld]]:
+    """What `superkube render` writes (`objects`, less the Secrets whose data only Pulumi holds), and
+    those Secrets: written with their data empty, a real API server refuses one whose type requires
+    keys (a kubernetes.io/tls Secret without tls.crt) and holds any other empty."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    withheld: list[Withheld] = []
+    for component, objs in _as_planned(plan).items():
+        for obj in objs:
+            if holds_secret_data(obj):
+                withheld.append(
+                    Withheld(component, name_of(obj), str(obj.get("type") or "Opaque"), plan.stack)
+                )
+        kept = [o for o in objs if not holds_secret_data(o)]
+        if kept:
+            out[component] = kept
+    return out, withheld
 
 
 def file_names(components: list[str]) -> dict[str, str]:
@@ -82,8 +140,10 @@ def file_names(components: list[str]) -> dict[str, str]:
 
 
 def problems(plan: Plan, kubernetes_version: str) -> list[Problem]:
+    """Every object as the plan holds it, checked: a Secret's data the plan holds as secret is not
+    known here, and so not missing (`pulumi up` sends it; what `render` writes is checked by itself)."""
     found: list[Problem] = []
-    for component, objs in objects(plan).items():
-        for obj in objs:
-            found += validate(obj, kubernetes_version, component)
+    for resource in plan.resources:
+        if is_object(resource):
+            found += validate(planned(resource), kubernetes_version, component_of(plan, resource))
     return found
