@@ -139,7 +139,7 @@ def test_bad_overrides_are_user_errors(
 
 @pytest.mark.parametrize(
     ("content", "word"),
-    [(None, "no such file"), ("{", "not a JSON plan"), ('{"resources": []}', "not a superkube plan")],
+    [(None, "no such file"), ("{", "is not valid JSON"), ('{"resources": []}', "not a superkube plan")],
 )
 def test_bad_plan_files(content: str | None, word: str, tmp_path: Path) -> None:
     path = tmp_path / "plan.json"

@@ -9,7 +9,6 @@ maintained NVIDIA binding (`nvidia-ml-py`, imported only when `read_nvml` runs);
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cache
@@ -119,13 +118,18 @@ def parse_reading(data: Any, source: str = "reading") -> Reading:
 
 
 def load_reading(path: Path) -> Reading:
+    from superkube.model import files
+
+    fix = "give a GPU probe reading saved as JSON (an object of node, vm_size, expected_gpus, gpus)"
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ReadingError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise ReadingError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
-    return parse_reading(data, str(path))
+        data = files.load(
+            path, kind="json", fix=fix, what="a JSON object of node, vm_size, expected_gpus, gpus"
+        )
+        return parse_reading(data, str(path))
+    except files.FileError as exc:
+        raise ReadingError(str(exc)) from None
+    except ReadingError as exc:
+        raise ReadingError(f"{exc}; {fix}") from None
 
 
 # dcgm-exporter's fields (its default counters, or the ECC and retirement ones a counters file adds)
@@ -164,7 +168,10 @@ def dcgm_samples(text: str, source: str = "dcgm-exporter") -> dict[int, dict[str
     except ValueError as exc:  # the parser's own errors
         if isinstance(exc, ReadingError):
             raise
-        raise ReadingError(f"{source}: not Prometheus text format ({str(exc).splitlines()[0]})") from None
+        raise ReadingError(
+            f"{source}: not Prometheus text format ({str(exc).splitlines()[0]}); "
+            "give dcgm-exporter's /metrics as it serves them"
+        ) from None
     return out
 
 

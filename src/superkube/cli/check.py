@@ -20,6 +20,7 @@ from superkube.cli.common import (
     fail,
     out,
     project_dir,
+    read_file,
 )
 from superkube.model.spec import SpecError
 
@@ -32,16 +33,40 @@ class CheckOutput(StrEnum):
 
 
 def _load_plan_document(path: Path) -> dict[str, Any]:
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        fail(f"--plan {path}: no such file; write one with: superkube plan --stack <name> --out {path}")
-    except (OSError, json.JSONDecodeError) as exc:
-        fail(f"--plan {path}: not a JSON plan ({exc}); write one with: superkube plan --out {path}")
-    if not isinstance(document, dict) or document.get("format") != "superkube-plan/1":
-        fail(
-            f"--plan {path}: not a superkube plan (format superkube-plan/1); write one with: superkube plan --out {path}"
-        )
+    """A plan saved by `superkube plan --out`, with the parts `check` reads; one line and exit 2 for
+    a file that is not one."""
+    fix = f"write one with: superkube plan --stack <name> --out {path}"
+    document: dict[str, Any] = read_file(
+        path, "--plan", fix, kind="json", what="a superkube plan (a JSON object)"
+    )
+    at = f"--plan {path}"
+    if document.get("format") != "superkube-plan/1":
+        fail(f"{at}: not a superkube plan (format superkube-plan/1); {fix}")
+    for key, want, what in (
+        ("stack", str, "the stack's name"),
+        ("config", dict, "the stack's config"),
+        ("resources", list, "every resource"),
+    ):
+        if key not in document:
+            fail(f"{at}: has no {key!r} ({what}), so it is not a whole plan; {fix}")
+        if not isinstance(document[key], want):
+            fail(
+                f"{at}: {key!r} must be a {'list' if want is list else 'mapping' if want is dict else 'string'}; {fix}"
+            )
+    for i, r in enumerate(document["resources"]):
+        if not isinstance(r, dict):
+            fail(f"{at}: resources[{i}] must be a mapping; {fix}")
+        for key in ("urn", "type", "name"):
+            if not isinstance(r.get(key), str):
+                fail(f"{at}: resources[{i}] has no {key!r} string; {fix}")
+        for key, want in (("inputs", dict), ("dependencies", list), ("parent", str)):
+            if r.get(key) is not None and not isinstance(r[key], want):
+                fail(
+                    f"{at}: resources[{i}].{key} must be a {'mapping' if want is dict else want.__name__}; {fix}"
+                )
+    for key, value in document["config"].items():
+        if not isinstance(value, str):
+            fail(f"{at}: config {key!r} must be a string, as Pulumi hands it to the program; {fix}")
     return document
 
 
@@ -54,8 +79,8 @@ def _stack_report_inputs(stack: str, plan_file: Path | None, project: Path | Non
     root = project_dir(project)
     if plan_file is not None:
         document = _load_plan_document(plan_file)
-        name = str(document.get("stack", "plan"))
-        spec, addresses = planning.spec_from_config(document.get("config") or {}, name)
+        name = document["stack"]
+        spec, addresses = planning.spec_from_config(document["config"], name)
         source = _relative(planning.stack_path(root, name), root)
         return checks.view_from_plan_document(document), spec, addresses, name, source, root
     with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):

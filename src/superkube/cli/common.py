@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from superkube.model import files
 from superkube.model.spec import SpecError
 
 
@@ -55,7 +56,46 @@ def fail(message: str, code: int = USER_ERROR) -> NoReturn:
 def project_dir(project: Path | None) -> Path:
     from superkube.plan.engine import find_project
 
-    return project.resolve() if project else find_project()
+    if project is None:
+        return find_project()
+    if not (project / "Pulumi.yaml").is_file():
+        what = "is not a directory" if project.exists() and not project.is_dir() else "has no Pulumi.yaml"
+        fail(f"--project {project}: {what}; give the superkube project's directory (the checkout)")
+    return project.resolve()
+
+
+def read_file(
+    path: Path,
+    option: str,
+    fix: str,
+    *,
+    kind: str = "yaml",
+    want: type | None = dict,
+    what: str = "",
+    missing: str = "",
+) -> Any:
+    """A file a command was handed, parsed (kind yaml, json, or text for the text alone): anything
+    wrong with it (no such file, a directory, not readable, not UTF-8 text, empty, not YAML or JSON,
+    not a `want`) is one line naming the option and the file, ending in `fix`, and exit 2."""
+    try:
+        if kind == "text":
+            text = files.read_text(path, option, missing or fix)
+            if not text.strip():
+                raise files.FileError(files.where(path, option), "is empty", fix)
+            return text
+        return files.load(path, option, fix=fix, kind=kind, want=want, what=what, missing=missing)
+    except files.FileError as exc:
+        fail(str(exc))
+
+
+def read_inventory(path: Path, fix: str, option: str = "--inventory") -> None:
+    """An Ansible inventory a command hands to Ansible: text, and where it is YAML (named *.yml or
+    *.yaml, as the azure_rm plugin's config and the lab's inventory are), a YAML mapping; else one
+    line and exit 2, before Ansible is started."""
+    if path.suffix in (".yml", ".yaml", ".json"):
+        read_file(path, option, fix, what="an inventory (a YAML mapping of groups, or a plugin's config)")
+    else:
+        read_file(path, option, fix, kind="text")
 
 
 def _umask() -> int:

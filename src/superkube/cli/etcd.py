@@ -13,6 +13,7 @@ from superkube.cli.common import (
     err,
     fail,
     out,
+    read_inventory,
 )
 
 etcd_app = typer.Typer(help="The cluster's two etcd clusters (main and events).", no_args_is_help=True)
@@ -38,8 +39,7 @@ def etcd_status(
             inventory = fleet.default_inventory()
         except fleet.FleetError as exc:
             fail(str(exc))
-    elif not inventory.is_file():
-        fail(f"--inventory {inventory}: no such file")
+    read_inventory(inventory, "give an inventory: superkube inventory writes one, superkube lab up another")
     with err.status("asking every etcd member"):
         state = fleet.etcd_status(inventory)
     clusters = state["clusters"]

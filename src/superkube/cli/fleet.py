@@ -20,6 +20,7 @@ from superkube.cli.common import (
     fail,
     out,
     project_dir,
+    read_inventory,
     write_atomically,
 )
 from superkube.model.spec import SpecError
@@ -57,6 +58,7 @@ def converge(
             inventory = fleet.default_inventory()
         except fleet.FleetError as exc:
             fail(str(exc))
+    read_inventory(inventory, "give an inventory: superkube inventory writes one, superkube lab up another")
     if retry:
         if limit:
             fail("--retry and --limit both choose hosts; give one")

@@ -14,6 +14,7 @@ from superkube.cli.common import (
     Output,
     fail,
     out,
+    read_file,
 )
 
 health_app = typer.Typer(help="GPU node health: what a probe reading means.", no_args_is_help=True)
@@ -33,11 +34,13 @@ def health_explain(
     try:
         reading = gpu_probe.load_reading(reading_file)
         if dcgm is not None:
-            try:
-                text = dcgm.read_text()
-            except OSError as exc:
-                fail(f"{dcgm}: cannot read: {exc.strerror}")
-            reading = gpu_probe.merge_dcgm(reading, text, str(dcgm))
+            text = read_file(
+                dcgm,
+                "--dcgm",
+                "give a saved scrape of dcgm-exporter (curl http://<node>:9400/metrics > FILE)",
+                kind="text",
+            )
+            reading = gpu_probe.merge_dcgm(reading, text, f"--dcgm {dcgm}")
         result = gpu_probe.verdict(reading)
     except gpu_probe.ReadingError as exc:
         fail(str(exc))

@@ -22,6 +22,8 @@ from superkube.cli.common import (
     planned,
     print_roll,
     project_dir,
+    read_file,
+    read_inventory,
 )
 from superkube.model.spec import SpecError
 
@@ -67,10 +69,7 @@ def image_capture(
     from superkube.fleet import arm, capture
     from superkube.fleet import converge as fleet
 
-    if not inventory.is_file():
-        fail(
-            f"--inventory {inventory}: no such file; write it with superkube inventory -s {stack} --out FILE"
-        )
+    read_inventory(inventory, f"write it with superkube inventory -s {stack} --out FILE.azure_rm.yml")
     spec, addresses = _stack(stack, project, subscription)
     try:
         t = capture.target(
@@ -139,10 +138,12 @@ def image_roll(
     from superkube.cluster import inventory, roll
     from superkube.fleet import arm, scalesets
 
-    if not kubeconfig.is_file():
-        fail(
-            f"--kubeconfig {kubeconfig}: no such file; converge writes pki/admin.kubeconfig beside the inventory"
-        )
+    read_file(
+        kubeconfig,
+        "--kubeconfig",
+        "give the kubeconfig converge writes: pki/admin.kubeconfig beside the inventory",
+        what="a kubeconfig (a YAML mapping of clusters, users, contexts)",
+    )
     spec, addresses = _stack(stack, project, subscription)
     sets = [s.name for s in addresses.scale_sets if s.pool == pool]
     if not sets:
@@ -151,7 +152,10 @@ def image_roll(
     try:
         kube = Kube(str(kubeconfig))
     except Exception as exc:  # the client's own errors for a kubeconfig it cannot use
-        fail(f"--kubeconfig {kubeconfig}: {str(exc).splitlines()[0][:200]}")
+        fail(
+            f"--kubeconfig {kubeconfig}: {str(exc).splitlines()[0][:200]}; give the kubeconfig converge "
+            "writes (pki/admin.kubeconfig beside the inventory)"
+        )
     say = lambda what: err.print(escape(what), highlight=False)  # noqa: E731
     group = f"/subscriptions/{subscription}/resourceGroups/{inventory.resource_group(addresses.cluster)}"
     client = arm.Arm(base=arm_url or os.environ.get("SUPERKUBE_ARM_URL") or arm.ARM)

@@ -22,6 +22,7 @@ from superkube.cli.common import (
     out,
     planned,
     project_dir,
+    read_file,
     write_atomically,
 )
 from superkube.cluster.kube import APISERVER_PORT
@@ -248,7 +249,10 @@ def config_schema(
         schema.write(root)
         out.print(f"wrote {root / 'Pulumi.yaml'}")
     elif check:
-        if (root / "Pulumi.yaml").read_text() != text:
+        current = read_file(
+            root / "Pulumi.yaml", "", "write it: superkube config-schema --write", kind="text"
+        )
+        if current != text:
             fail(
                 "Pulumi.yaml is out of date with superkube.model.spec; run: superkube config-schema --write",
                 code=1,

@@ -26,12 +26,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from superkube.cluster import gang
 from superkube.cluster.cloudinit import POOL_LABEL
-from superkube.model import teams, vmsizes
+from superkube.model import files, teams, vmsizes
 from superkube.model.spec import ClusterSpec, NodePool
 from superkube.model.vmsizes import GPU_RESOURCE
 
@@ -89,13 +88,13 @@ class JobSpec(BaseModel):
 
 def load(path: Path) -> JobSpec:
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise JobError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise JobError(f"{path}: not YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise JobError(f"{path}: must be a YAML mapping of name, image, command, workers, team, ...")
+        data = files.load(
+            path,
+            fix="write a YAML mapping of name, image, command, workers, team, ... (examples/jobs/ shows them)",
+            what="a YAML mapping of name, image, command, workers, team, ...",
+        )
+    except files.FileError as e:
+        raise JobError(str(e)) from None
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
@@ -105,7 +104,9 @@ def load(path: Path) -> JobSpec:
         if err["type"] == "extra_forbidden":
             msg = f"unknown key; use one of: {', '.join(JobSpec.model_fields)}"
         elif err["type"] == "missing":
-            msg = "is required"
+            msg = "is required; add it"
+        if "; " not in msg:
+            msg += "; examples/jobs/ shows whole jobs"
         raise JobError(f"{path}: {loc}: {msg}") from None
 
 

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 TEAM_KEY = "superkube.io/team"
@@ -169,12 +168,13 @@ def parse(data: Any, where: str = "teams", *, checked: bool = True) -> list[Team
 
 def load_file(path: Path) -> list[TeamTuple]:
     """The tuples in a teams file (the mounted ConfigMap); a TeamsError (one line) when unusable."""
+    from superkube.model import files
+
+    fix = "write a YAML list of {selector, team, priority}"
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise TeamsError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise TeamsError(f"{path}: not YAML: {str(e).splitlines()[0]}") from None
+        data = files.parse_yaml(files.read_text(path), str(path), fix)
+    except files.FileError as e:
+        raise TeamsError(str(e)) from None
     return parse(data, str(path))
 
 

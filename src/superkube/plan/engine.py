@@ -29,7 +29,7 @@ from pulumi.runtime import stack as pulumi_stack
 from pulumi.runtime.sync_await import _sync_await
 
 from superkube.cluster.render import SECRET
-from superkube.model import strictyaml, vmsizes
+from superkube.model import files, strictyaml, vmsizes
 from superkube.model.ipam import AddressPlan, plan_addresses
 from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, YAML_KEYS, ClusterSpec, SpecError, from_config
 from superkube.model.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
@@ -220,8 +220,23 @@ def stack_name(stack: str) -> str:
 
 
 def _project_config(project: Path) -> dict[str, dict[str, Any]]:
-    data = yaml.safe_load((project / "Pulumi.yaml").read_text())
-    return dict(data.get("config") or {})
+    """Pulumi.yaml's config declarations: key -> {type, default, description}."""
+    try:
+        data = files.load(
+            project / "Pulumi.yaml",
+            fix="give the superkube project's directory (--project), or restore its Pulumi.yaml",
+            what="a mapping with name: superkube",
+        )
+    except files.FileError as exc:
+        raise SpecError(exc.where, exc.problem, exc.fix) from None
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise SpecError(
+            f"{project / 'Pulumi.yaml'}",
+            "config: must be a mapping",
+            "regenerate it: superkube config-schema --write",
+        )
+    return {str(k): v if isinstance(v, dict) else {} for k, v in config.items()}
 
 
 def _as_config_string(value: Any) -> str:
@@ -267,7 +282,7 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
     """Namespaced config of a stack, stack values over Pulumi.yaml defaults, all strings."""
     path = stack_path(project, stack)
     where = f"{path}"
-    if not path.is_file():
+    if not path.exists():
         known = sorted(
             p.name.removeprefix("Pulumi.").removesuffix(".yaml")
             for p in (project / "stacks").glob("Pulumi.*.yaml")
@@ -275,7 +290,10 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
         raise SpecError(
             where, "no such stack file", f"use one of: {', '.join(known) or 'none'} (or create it)"
         )
-    text = path.read_text()
+    try:
+        text = files.read_text(path)
+    except files.FileError as exc:
+        raise SpecError(exc.where, exc.problem, exc.fix) from None
     try:
         data = strictyaml.load(text)
     except strictyaml.DuplicateKeyError as exc:
@@ -298,6 +316,12 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
     if unexpected:
         raise SpecError(
             where, f"unknown top-level key {sorted(unexpected)[0]!r}", "put settings under config:"
+        )
+    if "config" not in data:
+        raise SpecError(
+            where,
+            "has no config: mapping",
+            "add one with at least superkube:ssh_public_key (stacks/Pulumi.dev.yaml shows the shape)",
         )
     declared = _project_config(project)
     values: dict[str, str] = {}
