@@ -403,6 +403,42 @@ def test_a_suggested_fix_itself_plans(changes: dict[str, Any], stack: str) -> No
     assert plan(config) is None, f"after applying {error.fix!r}: {plan(config)}"
 
 
+def test_a_key_in_a_namespace_nothing_reads_is_refused_with_a_guess(write_stack: Callable[..., Path]) -> None:
+    config = dev_config()
+    config["superkub:region"] = config.pop("superkube:region")
+    result = run_cli(["plan", "--stack", str(write_stack(config))])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "error: superkub:region: namespace 'superkub' is neither superkube's nor a provider's (superkube, "
+        "kubernetes, superkube-secrets, azure-native, pulumi), so nothing would read it; "
+        "did you mean superkube:region?"
+    )
+
+
+@pytest.mark.parametrize(
+    "key", ["azure-native:location", "pulumi:disable-default-providers", "kubernetes:context"]
+)
+def test_the_providers_namespaces_stay_allowed(key: str, write_stack: Callable[..., Path]) -> None:
+    from superkube.plan import engine as planning
+
+    stack = write_stack({**dev_config(), key: "eastus"})
+    assert planning.read_stack_config(ROOT, str(stack))[key] == "eastus"
+
+
+def test_a_yaml_error_inside_a_block_names_the_stack_files_line(write_stack: Callable[..., Path]) -> None:
+    lines = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.strip() == "role: gpu")
+    lines[at] = lines[at].replace("role: gpu", "role: gpu: x")
+    stack = write_stack({}, raw="".join(lines))
+    result = run_cli(["plan", "--stack", str(stack)])
+    assert result.exit_code == 2
+    column = lines[at].index("gpu:") + len("gpu:")  # the second ':' of the line, 1-based
+    assert result.stderr.strip() == (
+        f"error: superkube:node_pools: is not valid YAML at line {at + 1}, column {column} of {stack} "
+        "(mapping values are not allowed here); fix the YAML syntax of the block"
+    )
+
+
 TWO_TEAMS_ONE_POOL = "- {selector: {superkube.io/pool: gpu}, team: research}\n- {selector: {superkube.io/pool: gpu}, team: pretraining}\n"
 
 

@@ -266,8 +266,9 @@ def _yaml_doc(key: str, value: Any, want: type) -> Any:
             ) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise ValueError(f"is not valid YAML{where}") from None
+            where = f" at line {mark.line + 1}, column {mark.column + 1} of the value" if mark else ""
+            problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+            raise ValueError(f"is not valid YAML{where}" + (f" ({problem})" if problem else "")) from None
     if value is None:
         value = want()
     if not isinstance(value, want):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
+import difflib
 import json
 import runpy
 import sys
@@ -253,20 +254,36 @@ def _as_config_string(value: Any) -> str:
 DUPLICATE_FIX = "keep one of them (YAML keeps only the last value, and the Pulumi CLI refuses such a file)"
 
 
-def _refuse_duplicates_within(key: str, value: str, text: str, path: Path) -> None:
-    """A YAML document held in a string value names a key twice: say so at the stack file's lines."""
+def _check_embedded_yaml(key: str, value: str, text: str, path: Path) -> None:
+    """A YAML document held in a string value that names a key twice, or is not YAML: say so at the
+    stack file's lines (a block's first line plus the line within it)."""
     try:
         strictyaml.load(value)
     except strictyaml.DuplicateKeyError as exc:
         raise SpecError(
             key, exc.message(_value_first_line(text, key) - 1, str(path)), DUPLICATE_FIX
         ) from None
-    except yaml.YAMLError:
-        return  # the spec says what is wrong with it, naming the key
+    except yaml.YAMLError as exc:
+        first, block = _value_start(text, key)
+        mark = getattr(exc, "problem_mark", None)
+        if not block or mark is None:
+            return  # the spec says what is wrong with it, naming the key and the line of the value
+        line = first + mark.line
+        lines = text.splitlines()
+        body = lines[first - 1] if 0 < first <= len(lines) else ""
+        indent = len(body) - len(body.lstrip(" "))
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+        raise SpecError(
+            key,
+            f"is not valid YAML at line {line}, column {mark.column + 1 + indent} of {path}"
+            + (f" ({problem})" if problem else ""),
+            "fix the YAML syntax of the block",
+        ) from None
 
 
-def _value_first_line(text: str, key: str) -> int:
-    """The stack file's line (1-based) holding the first line of config value `key`."""
+def _value_start(text: str, key: str) -> tuple[int, bool]:
+    """(the stack file's line (1-based) holding the first line of config value `key`, whether the
+    value is a block scalar (`key: |`), whose lines are the file's lines)."""
     root = strictyaml.compose(text)
     for section_key, section in getattr(root, "value", []):
         if section_key.value != "config":
@@ -274,8 +291,39 @@ def _value_first_line(text: str, key: str) -> int:
         for key_node, value_node in section.value:
             if key in (key_node.value, f"{NAMESPACE}:{key_node.value}"):
                 block = getattr(value_node, "style", None) in ("|", ">")
-                return value_node.start_mark.line + (2 if block else 1)
-    return 1
+                return value_node.start_mark.line + (2 if block else 1), block
+    return 1, False
+
+
+def _value_first_line(text: str, key: str) -> int:
+    """The stack file's line (1-based) holding the first line of config value `key`."""
+    return _value_start(text, key)[0]
+
+
+CONFIG_NAMESPACES = (
+    NAMESPACE,
+    KUBECONFIG_KEY.partition(":")[0],
+    WEBHOOK_TLS_KEY.partition(":")[0],
+    "azure-native",
+    "pulumi",
+)
+"""The namespaces a stack's config keys may be in: superkube's own, its secrets', and those of the
+providers the program uses (azure-native; kubernetes, whose kubeconfig it reads) and Pulumi's."""
+
+
+def _check_namespace(key: str) -> None:
+    """A key in a namespace nothing reads (a typo such as superkub:region) is refused, not ignored."""
+    namespace, _, short = key.partition(":")
+    if namespace in CONFIG_NAMESPACES:
+        return
+    close = difflib.get_close_matches(namespace, CONFIG_NAMESPACES, n=1, cutoff=0.6)
+    guess = f"{close[0]}:{short}" if close else f"{NAMESPACE}:{short}"
+    raise SpecError(
+        key,
+        f"namespace {namespace!r} is neither superkube's nor a provider's "
+        f"({', '.join(CONFIG_NAMESPACES)}), so nothing would read it",
+        f"did you mean {guess}?",
+    )
 
 
 def read_stack_config(project: Path, stack: str) -> dict[str, str]:
@@ -300,8 +348,11 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
         raise SpecError(where, str(exc), DUPLICATE_FIX) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(where, f"is not valid YAML{at}", "fix the YAML syntax") from None
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+        raise SpecError(
+            where, f"is not valid YAML{at}" + (f" ({problem})" if problem else ""), "fix the YAML syntax"
+        ) from None
     if data is None or (isinstance(data, dict) and not data.get("config") and "config" in data):
         raise SpecError(
             where,
@@ -326,7 +377,8 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
     declared = _project_config(project)
     values: dict[str, str] = {}
     for key, value in (data.get("config") or {}).items():
-        full = key if ":" in str(key) else f"{NAMESPACE}:{key}"
+        full = str(key) if ":" in str(key) else f"{NAMESPACE}:{key}"
+        _check_namespace(full)
         namespace, _, short = full.partition(":")
         if namespace == NAMESPACE and short in declared:
             want = declared[short].get("type", "string")
@@ -341,7 +393,7 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
         if full in (KUBECONFIG_KEY, WEBHOOK_TLS_KEY):
             continue  # secrets the plan never reads: the mock engine talks to no cluster
         if short in YAML_KEYS and isinstance(value, str):
-            _refuse_duplicates_within(full, value, text, path)
+            _check_embedded_yaml(full, value, text, path)
         if isinstance(value, dict) and "secure" in value:
             raise SpecError(
                 full,
