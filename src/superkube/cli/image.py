@@ -15,7 +15,6 @@ from rich.markup import escape
 from superkube.cli.common import (
     Output,
     ProjectOpt,
-    StackOpt,
     err,
     fail,
     out,
@@ -30,6 +29,17 @@ from superkube.model.spec import SpecError
 image_app = typer.Typer(
     help="Node images: bake a pool's image on Azure and capture it.", no_args_is_help=True
 )
+
+AzureStackOpt = Annotated[
+    str,
+    typer.Option(
+        "--stack",
+        "-s",
+        help="The cluster's stack: name (stacks/Pulumi.<name>.yaml) or stack file path; the command "
+        "acts on that cluster in Azure.",
+        show_default=False,
+    ),
+]
 
 
 def _stack(stack: str, project: Path | None, subscription: str) -> tuple[Any, Any]:
@@ -52,7 +62,7 @@ def image_capture(
     inventory: Annotated[
         Path, typer.Option("--inventory", "-i", help="The cluster's inventory (superkube inventory --out).")
     ],
-    stack: StackOpt = "dev",
+    stack: AzureStackOpt,
     subscription: Annotated[
         str,
         typer.Option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="The cluster's subscription ID."),
@@ -65,7 +75,8 @@ def image_capture(
     output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
 ) -> None:
     """Bake POOL's node image on a builder VM (site.yml, then generalize.yml) and capture it as
-    gallery:VERSION of its kind's image definition; the builder is deleted (Azure only)."""
+    gallery:VERSION of its kind's image definition; the builder is deleted (Azure only). Acts on the
+    cluster of --stack, which must be given."""
     from superkube.fleet import arm, capture
     from superkube.fleet import converge as fleet
 
@@ -115,7 +126,7 @@ def image_roll(
     kubeconfig: Annotated[
         Path, typer.Option("--kubeconfig", help="The cluster's admin kubeconfig (pki/admin.kubeconfig).")
     ],
-    stack: StackOpt = "dev",
+    stack: AzureStackOpt,
     subscription: Annotated[
         str,
         typer.Option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="The cluster's subscription ID."),
@@ -133,7 +144,7 @@ def image_roll(
 ) -> None:
     """Replace POOL's instances not on its model's image in health-gated batches: cordon and drain a
     batch, power it off, delete its Nodes, upgrade and start it, and wait for Ready and preflight; stop
-    on a failed batch (Azure only)."""
+    on a failed batch (Azure only). Acts on the cluster of --stack, which must be given."""
     from superkube.agents.kubeapi import Kube
     from superkube.cluster import inventory, roll
     from superkube.fleet import arm, scalesets
