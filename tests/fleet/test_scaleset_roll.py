@@ -279,4 +279,4 @@ def test_the_command_rolls_the_stacks_pool(fleets: Any, api: LocalApi) -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["ok"] is True
     assert f.versions() == {f.names[0]: "1.1.0"}
-    assert "pool gpu: 1 nodes on version 1.1.0, in 1 batches" in result.stderr
+    assert "pool gpu: 1 node on version 1.1.0, in 1 batch" in result.stderr

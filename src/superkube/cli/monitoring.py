@@ -17,6 +17,7 @@ from superkube.cli.common import (
     project_dir,
 )
 from superkube.model.spec import SpecError
+from superkube.model.words import plural
 
 monitoring_app = typer.Typer(
     help="Prometheus for the cluster: sharded scrape configs and rules.", no_args_is_help=True
@@ -56,6 +57,7 @@ def monitoring_render(
     out_dir.mkdir(exist_ok=True)
     written = monitoring.write(spec, addresses, out_dir, spec.name(planning.stack_name(stack)))
     out.print(
-        f"{spec.prometheus_shards} Prometheus shard configs and {len(written) - spec.prometheus_shards} rule file "
-        f"under {out_dir}; check them with promtool check config / test rules"
+        f"{plural(spec.prometheus_shards, 'Prometheus shard config')} and "
+        f"{plural(len(written) - spec.prometheus_shards, 'rule file')} under {out_dir}; check them with "
+        "promtool check config / test rules"
     )

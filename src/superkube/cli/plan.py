@@ -79,7 +79,7 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
     a = result.addresses
     out.print(
         f"[bold]superkube plan[/] stack [cyan]{result.stack}[/] (cluster {result.cluster}, {result.spec.region}): "
-        f"{len(result.resources)} resources in {result.seconds:.2f} s, no cloud calls"
+        f"{plural(len(result.resources), 'resource')} in {result.seconds:.2f} s, no cloud calls"
     )
     counts = Table(title="Resources by type", title_justify="left")
     counts.add_column("type")
@@ -97,17 +97,19 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
         tree.add(f"[dim]peered spoke {name} {space} (another cluster)[/]")
     spoke = tree.add(f"[bold]spoke[/] {topo['spoke']['address_space']} (peered with the hub only)")
     api = topo["spoke"]["apiservers"]
-    spoke.add(f"{len(api['members'])} API servers behind {api['load_balancer']}:{APISERVER_PORT}")
+    spoke.add(f"{plural(len(api['members']), 'API server')} behind {api['load_balancer']}:{APISERVER_PORT}")
     spoke.add(
-        f"etcd main: {len(topo['spoke']['etcd_main'])} members; etcd events: {len(topo['spoke']['etcd_events'])} members"
+        f"etcd main: {plural(len(topo['spoke']['etcd_main']), 'member')}; "
+        f"etcd events: {plural(len(topo['spoke']['etcd_events']), 'member')}"
     )
     spoke.add(
-        f"beside the cluster: {len(topo['spoke']['prometheus'])} Prometheus shards writing to "
-        f"{len(topo['spoke']['metrics_store'])} metrics store hosts"
+        f"beside the cluster: {plural(len(topo['spoke']['prometheus']), 'Prometheus shard')} writing to "
+        f"{plural(len(topo['spoke']['metrics_store']), 'metrics store host')}"
     )
     for pool in topo["spoke"]["pools"]:
         branch = spoke.add(
-            f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {pool['nodes']:,} nodes, {pool['gpus']:,} GPUs, "
+            f"pool [bold]{pool['name']}[/] ({pool['role']}, {pool['vm_size']}): {plural(pool['nodes'], 'node')}, "
+            f"{plural(pool['gpus'], 'GPU')}, "
             + (
                 f"pod egress {_rate(pool['pod_egress_limit_bits'])} by default"
                 if pool["pod_egress_limit_bits"]
@@ -116,7 +118,7 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
         )
         for s in pool["scale_sets"]:
             branch.add(
-                f"{s['name']}: {s['capacity']:,} VMs, zones {','.join(s['zones'])}, subnet {s['subnet']}"
+                f"{s['name']}: {plural(s['capacity'], 'VM')}, zones {','.join(s['zones'])}, subnet {s['subnet']}"
             )
     out.print("[bold]Topology[/]")
     out.print(tree)
@@ -160,8 +162,9 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
 
     cap = report.capacity(a)
     out.print(
-        f"[bold]Capacity[/]: {cap['nodes']:,} nodes ({cap['gpu_nodes']:,} GPU), {cap['gpus']:,} GPUs, "
-        f"{cap['pod_ips']:,} pod IPs, {cap['scale_sets']} scale sets, {cap['control_plane_vms']} control-plane VMs"
+        f"[bold]Capacity[/]: {plural(cap['nodes'], 'node')} ({cap['gpu_nodes']:,} GPU), {plural(cap['gpus'], 'GPU')}, "
+        f"{plural(cap['pod_ips'], 'pod IP')}, {plural(cap['scale_sets'], 'scale set')}, "
+        f"{plural(cap['control_plane_vms'], 'control-plane VM')}"
     )
     _print_withheld(result)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from superkube.model.spec import PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
+from superkube.model.words import plural
 
 NOT_READY_TAINTS = ("node.kubernetes.io/",)  # the kubelet's and node lifecycle's own condition taints
 PASSED, FAILED, WAITING = "passed", "failed", "waiting"
@@ -139,7 +140,10 @@ class RollReport:
     def summary(self) -> str:
         if self.ok:
             replaced = sum(len(b.nodes) for b in self.batches)
-            return f"pool {self.pool}: {replaced} nodes on version {self.version}, in {len(self.batches)} batches"
+            return (
+                f"pool {self.pool}: {plural(replaced, 'node')} on version {self.version}, "
+                f"in {plural(len(self.batches), 'batch', 'batches')}"
+            )
         at = self.stopped_at or 0
         failed = self.batches[at - 1]
         why = "; ".join(f"{n}: {w}" for n, w in failed.why.items())

@@ -6,6 +6,7 @@ from html import escape
 from typing import Any
 
 from superkube.cluster.kube import APISERVER_PORT
+from superkube.model.words import plural
 
 BOX = "fill:#f7f9fc;stroke:#34495e;stroke-width:1.5"
 HUB = "fill:#eaf2fb;stroke:#2c6fbb;stroke-width:2"
@@ -48,8 +49,8 @@ def render(plan: dict[str, Any]) -> str:
         _text(
             20,
             52,
-            f"{plan['capacity']['nodes']:,} nodes, {plan['capacity']['gpus']:,} GPUs, "
-            f"{plan['capacity']['scale_sets']} scale sets, service CIDR {topo['service_cidr']}",
+            f"{plural(plan['capacity']['nodes'], 'node')}, {plural(plan['capacity']['gpus'], 'GPU')}, "
+            f"{plural(plan['capacity']['scale_sets'], 'scale set')}, service CIDR {topo['service_cidr']}",
             13,
         ),
     ]
@@ -90,15 +91,15 @@ def render(plan: dict[str, Any]) -> str:
     boxes = [
         (
             "API servers",
-            [f"{len(api['members'])} VMs behind ILB", f"{api['load_balancer']}:{APISERVER_PORT}"],
+            [f"{plural(len(api['members']), 'VM')} behind ILB", f"{api['load_balancer']}:{APISERVER_PORT}"],
         ),
-        ("etcd main", [f"{len(spoke['etcd_main'])} members", "premium data disks"]),
-        ("etcd events", [f"{len(spoke['etcd_events'])} members", "/events override"]),
+        ("etcd main", [plural(len(spoke["etcd_main"]), "member"), "premium data disks"]),
+        ("etcd events", [plural(len(spoke["etcd_events"]), "member"), "/events override"]),
         (
             "monitoring",
             [
-                f"{len(spoke['prometheus'])} Prometheus shards",
-                f"-> {len(spoke['metrics_store'])} store hosts",
+                plural(len(spoke["prometheus"]), "Prometheus shard"),
+                f"-> {plural(len(spoke['metrics_store']), 'store host')}",
             ],
         ),
     ]
