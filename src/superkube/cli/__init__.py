@@ -8,12 +8,12 @@ import contextlib
 import os
 import sys
 import threading
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
 from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan
-from superkube.cli.common import err
+from superkube.cli.common import Command, Group, err, out, package_version
 
 app = typer.Typer(
     name="superkube",
@@ -21,15 +21,35 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=Group,
 )
 
-app.command()(plan.plan)
-app.command()(check.check)
-app.command()(plan.render)
-app.command("policy-config")(check.policy_config)
-app.command()(fleet.converge)
-app.command()(fleet.inventory)
-app.command("config-schema")(plan.config_schema)
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        out.print(f"superkube {package_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _superkube(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print superkube's version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
+app.command(cls=Command)(plan.plan)
+app.command(cls=Command)(check.check)
+app.command(cls=Command)(plan.render)
+app.command("policy-config", cls=Command)(check.policy_config)
+app.command(cls=Command)(fleet.converge)
+app.command(cls=Command)(fleet.inventory)
+app.command("config-schema", cls=Command)(plan.config_schema)
 app.add_typer(lab.lab_app, name="lab")
 app.add_typer(etcd.etcd_app, name="etcd")
 app.add_typer(monitoring.monitoring_app, name="monitoring")

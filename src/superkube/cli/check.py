@@ -19,6 +19,7 @@ from superkube.cli.common import (
     err,
     fail,
     out,
+    package_version,
     project_dir,
     read_file,
 )
@@ -159,22 +160,13 @@ def check(
     if output is CheckOutput.json:
         sys.stdout.write(checks.to_json(report) + "\n")
     elif output is CheckOutput.sarif:
-        sys.stdout.write(checks.to_sarif(report, _version()) + "\n")
+        sys.stdout.write(checks.to_sarif(report, package_version()) + "\n")
     elif output is CheckOutput.markdown:
         sys.stdout.write(checks.to_markdown(report))
     else:
         _print_report(report)
     if not report.passed:
         raise typer.Exit(1)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("superkube")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def _print_rules(rules: list[Any]) -> None:

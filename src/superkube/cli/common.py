@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 import tempfile
 from enum import StrEnum
@@ -12,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from superkube.model import files
 from superkube.model.spec import SpecError
@@ -37,6 +40,19 @@ class Output(StrEnum):
     table = "table"
     json = "json"
 
+
+class Document(StrEnum):
+    yaml = "yaml"
+    json = "json"
+
+
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table for people, json for machines.")]
+"""`--output` of every command that prints a result: a table (the default), or JSON."""
+DocumentOpt = Annotated[
+    Document,
+    typer.Option("--output", "-o", help="yaml (what kubectl applies), or json."),
+]
+"""`--output` of a command that prints a Kubernetes object: YAML (the default), or JSON."""
 
 StackOpt = Annotated[
     str, typer.Option("--stack", "-s", help="Stack name (stacks/Pulumi.<name>.yaml) or a stack file path.")
@@ -96,6 +112,112 @@ def read_inventory(path: Path, fix: str, option: str = "--inventory") -> None:
         read_file(path, option, fix, what="an inventory (a YAML mapping of groups, or a plugin's config)")
     else:
         read_file(path, option, fix, kind="text")
+
+
+def package_version() -> str:
+    """superkube's version, from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("superkube")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+# --- the command line's own conventions, on every command -----------------------------------------
+
+
+def _reflowed(text: str | None) -> str | None:
+    """Help text with each paragraph on one line, for the help to wrap at the terminal's width (a
+    docstring's own line breaks would break lines a second time, raggedly)."""
+    if not text:
+        return text
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _bare_flags(params: list[Any]) -> list[Any]:
+    """A flag takes no value: its help shows none (typer shows `<bool>`)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+_SINGLE_DASH_LONG = re.compile(r"-[A-Za-z][A-Za-z0-9-]+")
+
+
+def _refuse_misspelt_options(command: Any, ctx: Any, args: list[str]) -> None:
+    """`-out x` would be read as `-o ut`, and `-o` where a command has no --output is a bare "no such
+    option": say what was meant instead."""
+    opts = {o for p in command.params for o in getattr(p, "opts", [])}
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return
+        if _SINGLE_DASH_LONG.fullmatch(arg) and f"-{arg}" in opts:
+            ctx.fail(f"no such option {arg}; did you mean -{arg}?")
+        _refuse_an_output_not_offered(command, ctx, arg, args[i + 1] if i + 1 < len(args) else "")
+        if "--output" not in opts and "-o" not in opts:
+            named = arg.partition("=")[0] if arg.partition("=")[0] == "--output" else ""
+            named = named or ("-o" if re.match(r"-o(?!-)", arg) else "")
+            if named:
+                ctx.fail(
+                    f"no such option {named}: {ctx.command_path} writes one format only (see its --help)"
+                )
+
+
+def _refuse_an_output_not_offered(command: Any, ctx: Any, arg: str, following: str) -> None:
+    """`-o table` where a command prints yaml or json: say which outputs it has."""
+    param = next((p for p in command.params if "--output" in getattr(p, "opts", [])), None)
+    choices = getattr(getattr(param, "type_descriptor", None), "choices", None)
+    if not choices:
+        return
+    if arg in ("-o", "--output"):
+        value = following
+    elif arg.startswith("--output="):
+        value = arg.partition("=")[2]
+    elif arg.startswith("-o") and not arg.startswith("--"):
+        value = arg[2:]
+    else:
+        return
+    offered = [str(getattr(c, "value", c)) for c in choices]
+    if value and value not in offered:
+        ctx.fail(
+            f"--output {value}: {ctx.command_path} prints {', '.join(offered[:-1])} or {offered[-1]}, "
+            f"not {value}"
+        )
+
+
+class Command(TyperCommand):
+    """Every superkube command: help that wraps cleanly, flags shown as flags, and a long option
+    written with one dash named for what it is."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = _reflowed(self.help)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _bare_flags(super().get_params(ctx))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _refuse_misspelt_options(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+
+class Group(TyperGroup):
+    """Every group of commands, alike."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = _reflowed(self.help)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _bare_flags(super().get_params(ctx))
+
+
+def group(help: str) -> typer.Typer:
+    """A group of commands (`superkube lab`, `image`, ...): its commands are added with
+    `@<group>.command(name, cls=Command)`."""
+    return typer.Typer(help=help, no_args_is_help=True, cls=Group)
 
 
 def _umask() -> int:

@@ -9,17 +9,20 @@ import typer
 from rich.table import Table
 
 from superkube.cli.common import (
+    Command,
     Output,
+    OutputOpt,
     err,
     fail,
+    group,
     out,
     read_inventory,
 )
 
-etcd_app = typer.Typer(help="The cluster's two etcd clusters (main and events).", no_args_is_help=True)
+etcd_app = group("The cluster's two etcd clusters (main and events).")
 
 
-@etcd_app.command("status")
+@etcd_app.command("status", cls=Command)
 def etcd_status(
     inventory: Annotated[
         Path | None,
@@ -29,7 +32,7 @@ def etcd_status(
             help="Ansible inventory (default: $SUPERKUBE_INVENTORY, else a running lab's).",
         ),
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
     """Members, health, leader and DB size of the main and events clusters, as each member reports."""
     from superkube.fleet import converge as fleet

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from superkube.cli.common import (
     Output,
+    OutputOpt,
     ProjectOpt,
     StackOpt,
     check_writable,
@@ -44,9 +45,7 @@ def converge(
     retry: Annotated[
         bool, typer.Option("--retry", help="Only the hosts that failed or were unreachable last time.")
     ] = False,
-    output: Annotated[
-        Output, typer.Option("--output", "-o", help="table for people, json for machines.")
-    ] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
     """Run the playbooks over a fleet with a live view per host; exit 1 if any host failed."""
     from rich.live import Live

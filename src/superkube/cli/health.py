@@ -11,22 +11,25 @@ import typer
 from rich.markup import escape
 
 from superkube.cli.common import (
+    Command,
     Output,
+    OutputOpt,
     fail,
+    group,
     out,
     read_file,
 )
 
-health_app = typer.Typer(help="GPU node health: what a probe reading means.", no_args_is_help=True)
+health_app = group("GPU node health: what a probe reading means.")
 
 
-@health_app.command("explain")
+@health_app.command("explain", cls=Command)
 def health_explain(
     reading_file: Annotated[Path, typer.Argument(help="A saved probe reading (JSON).")],
     dcgm: Annotated[
         Path | None, typer.Option("--dcgm", help="A saved dcgm-exporter scrape of the node, merged in.")
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
     """The verdict on a saved GPU probe reading and every reason for it (exit 1 when fatal)."""
     from superkube.agents import gpu_probe

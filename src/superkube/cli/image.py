@@ -13,10 +13,13 @@ import typer
 from rich.markup import escape
 
 from superkube.cli.common import (
+    Command,
     Output,
+    OutputOpt,
     ProjectOpt,
     err,
     fail,
+    group,
     out,
     planned,
     print_roll,
@@ -26,9 +29,7 @@ from superkube.cli.common import (
 )
 from superkube.model.spec import SpecError
 
-image_app = typer.Typer(
-    help="Node images: bake a pool's image on Azure and capture it.", no_args_is_help=True
-)
+image_app = group("Node images on Azure: capture a pool's image, and roll a pool onto it.")
 
 AzureStackOpt = Annotated[
     str,
@@ -55,7 +56,7 @@ def _stack(stack: str, project: Path | None, subscription: str) -> tuple[Any, An
     return spec, addresses
 
 
-@image_app.command("capture")
+@image_app.command("capture", cls=Command)
 def image_capture(
     pool: Annotated[str, typer.Argument(help="The pool whose node image to bake (its kind's definition).")],
     version: Annotated[str, typer.Option("--version", help="The gallery version to make, e.g. 1.4.0.")],
@@ -72,11 +73,13 @@ def image_capture(
     ] = False,
     project: ProjectOpt = None,
     arm_url: Annotated[str, typer.Option("--arm-url", hidden=True)] = "",
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Bake POOL's node image on a builder VM (site.yml, then generalize.yml) and capture it as
-    gallery:VERSION of its kind's image definition; the builder is deleted (Azure only). Acts on the
-    cluster of --stack, which must be given."""
+    """Bake POOL's node image on a builder VM and capture it (Azure).
+
+    The builder is converged with site.yml, then generalize.yml, and captured as gallery:VERSION of
+    the image definition of POOL's kind; then it is deleted (--keep-builder keeps it, deallocated).
+    Acts on the cluster of --stack, which must be given."""
     from superkube.fleet import arm, capture
     from superkube.fleet import converge as fleet
 
@@ -120,7 +123,7 @@ def image_capture(
         )
 
 
-@image_app.command("roll")
+@image_app.command("roll", cls=Command)
 def image_roll(
     pool: Annotated[str, typer.Argument(help="The pool to roll onto the image its scale sets' model names.")],
     kubeconfig: Annotated[
@@ -140,11 +143,13 @@ def image_roll(
     ] = 900,
     project: ProjectOpt = None,
     arm_url: Annotated[str, typer.Option("--arm-url", hidden=True)] = "",
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Replace POOL's instances not on its model's image in health-gated batches: cordon and drain a
-    batch, power it off, delete its Nodes, upgrade and start it, and wait for Ready and preflight; stop
-    on a failed batch (Azure only). Acts on the cluster of --stack, which must be given."""
+    """Roll POOL onto its model's image in health-gated batches (Azure).
+
+    The instances not on the image its scale sets' model names are replaced; each batch is cordoned and drained, powered off, its Nodes deleted, upgraded and started, and
+    waited for until Ready and past preflight; a failed batch stops the roll. Acts on the cluster of
+    --stack, which must be given."""
     from superkube.agents.kubeapi import Kube
     from superkube.cluster import inventory, roll
     from superkube.fleet import arm, scalesets

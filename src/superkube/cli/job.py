@@ -10,18 +10,20 @@ from typing import Annotated
 import typer
 
 from superkube.cli.common import (
-    Output,
+    Command,
+    Document,
+    DocumentOpt,
+    ProjectOpt,
     fail,
+    group,
     project_dir,
 )
 from superkube.model.spec import SpecError
 
-job_app = typer.Typer(
-    help="MPI jobs: a short job description as a gang-scheduled MPIJob.", no_args_is_help=True
-)
+job_app = group("MPI jobs: a short job description as a gang-scheduled MPIJob.")
 
 
-@job_app.command("render")
+@job_app.command("render", cls=Command)
 def job_render(
     job_file: Annotated[
         Path, typer.Argument(help="A job description (YAML): name, image, command, workers, team, ...")
@@ -29,8 +31,8 @@ def job_render(
     stack: Annotated[
         str, typer.Option("--stack", "-s", help="The stack the job runs on (its pools and teams).")
     ] = "dev",
-    project: Annotated[Path | None, typer.Option("--project", help="superkube project directory.")] = None,
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    project: ProjectOpt = None,
+    output: DocumentOpt = Document.yaml,
 ) -> None:
     """Write the MPIJob for a job description, checked against the MPIJob CRD and the pod schema."""
     from superkube.cluster import jobs
@@ -45,7 +47,7 @@ def job_render(
     found = jobs.problems(mpijob, spec.kubernetes_version)
     if found:
         fail(f"{job_file}: the MPIJob is not valid: {found[0]}", code=1)
-    if output is Output.json:
+    if output is Document.json:
         sys.stdout.write(json.dumps(mpijob, indent=2) + "\n")
     else:
         from superkube.cluster.render import to_yaml

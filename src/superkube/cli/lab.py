@@ -10,16 +10,17 @@ import typer
 from rich.table import Table
 
 from superkube.cli.common import (
+    Command,
     Output,
+    OutputOpt,
     err,
     fail,
+    group,
     out,
     print_roll,
 )
 
-lab_app = typer.Typer(
-    help="A real node fleet on this machine: booted Debian hosts in network namespaces.", no_args_is_help=True
-)
+lab_app = group("A real node fleet on this machine: booted Debian hosts in network namespaces.")
 
 
 def _lab_call(fn: Any, *args: Any) -> Any:
@@ -31,7 +32,7 @@ def _lab_call(fn: Any, *args: Any) -> Any:
         fail(str(exc))
 
 
-@lab_app.command("up")
+@lab_app.command("up", cls=Command)
 def lab_up(
     hosts: Annotated[
         str,
@@ -43,7 +44,9 @@ def lab_up(
         ),
     ] = "8",
 ) -> None:
-    """Build (once) the base image and the pinned components, then boot the hosts and write the inventory."""
+    """Boot the lab's hosts and write their inventory.
+
+    The base image and the pinned components are built first, once."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from superkube.lab import hosts as lab
@@ -58,8 +61,8 @@ def lab_up(
         out.print(f"  {h.name:<14} {h.group:<12} {h.address}")
 
 
-@lab_app.command("status")
-def lab_status(output: Annotated[Output, typer.Option("--output", "-o")] = Output.table) -> None:
+@lab_app.command("status", cls=Command)
+def lab_status(output: OutputOpt = Output.table) -> None:
     """Show every host: group, address, running, reachable over SSH."""
     from superkube.lab import hosts as lab
 
@@ -86,7 +89,7 @@ def lab_status(output: Annotated[Output, typer.Option("--output", "-o")] = Outpu
     out.print(table)
 
 
-@lab_app.command("stop")
+@lab_app.command("stop", cls=Command)
 def lab_stop(host: str) -> None:
     """Power one host off (its disk is kept)."""
     from superkube.lab import hosts as lab
@@ -95,7 +98,7 @@ def lab_stop(host: str) -> None:
     out.print(f"{host} stopped")
 
 
-@lab_app.command("start")
+@lab_app.command("start", cls=Command)
 def lab_start(host: str) -> None:
     """Boot a stopped host again and wait until it is ready."""
     from superkube.lab import hosts as lab
@@ -104,21 +107,25 @@ def lab_start(host: str) -> None:
     out.print(f"{host} started")
 
 
-@lab_app.command("down")
+@lab_app.command("down", cls=Command)
 def lab_down() -> None:
-    """Stop every host and remove every namespace, link, mount and state file (the image cache stays)."""
+    """Stop every host and remove what the lab made.
+
+    Every namespace, link, mount and state file goes; the image cache stays."""
     from superkube.lab import hosts as lab
 
     removed = _lab_call(lab.down)
     out.print(f"lab down: removed {len(removed)} things" if removed else "no lab was up")
 
 
-@lab_app.command("apply")
+@lab_app.command("apply", cls=Command)
 def lab_apply(
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Apply the in-cluster layer (what `superkube render` writes for the lab's stack) to the lab's API
-    server with `kubectl apply --server-side`, as `pulumi up` does in production; after converge."""
+    """Apply the in-cluster layer to the lab's API server, after converge.
+
+    The layer is what `superkube render` writes for the lab's stack, applied with `kubectl apply
+    --server-side`, as `pulumi up` does in production."""
     from superkube.lab import layer
     from superkube.lab.state import Lab
 
@@ -139,15 +146,17 @@ def lab_apply(
     out.print(f"{sum(len(a.objects) for a in done)} objects applied to the lab's API server")
 
 
-@lab_app.command("join")
+@lab_app.command("join", cls=Command)
 def lab_join(
     hosts: Annotated[
         list[str] | None, typer.Argument(help="Node hosts to join (default: every GPU and CPU node).")
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Join node hosts to the lab's control plane for real, after converge: start cloud-init's join
-    unit (TLS bootstrap, CSR signed by the controller-manager) and wait until each Node is Ready."""
+    """Join node hosts to the lab's control plane, after converge.
+
+    They join for real: each host's cloud-init join unit is started (TLS bootstrap, its CSR signed by the
+    controller-manager), and each Node waited for until Ready."""
     from superkube.lab import nodes
     from superkube.lab.state import Lab
 
@@ -175,7 +184,7 @@ def _loaded() -> Any:
     return fleet
 
 
-@lab_app.command("bake")
+@lab_app.command("bake", cls=Command)
 def lab_bake(
     pool: Annotated[str, typer.Argument(help="The node pool whose image to bake, e.g. gpu.")],
 ) -> None:
@@ -186,9 +195,11 @@ def lab_bake(
     out.print(f"{pool}: image {path}")
 
 
-@lab_app.command("publish")
-def lab_publish(output: Annotated[Output, typer.Option("--output", "-o")] = Output.table) -> None:
-    """One round of the join-token publisher: a short-lived token, written into each scale set's model."""
+@lab_app.command("publish", cls=Command)
+def lab_publish(output: OutputOpt = Output.table) -> None:
+    """Run one round of the join-token publisher.
+
+    A short-lived token is written into each scale set's model."""
     from superkube.lab import scaleout
 
     done = _lab_call(scaleout.publish, _loaded())
@@ -201,15 +212,19 @@ def lab_publish(output: Annotated[Output, typer.Option("--output", "-o")] = Outp
         out.print(f"  {name}: model written")
 
 
-@lab_app.command("scale", context_settings={"ignore_unknown_options": True})  # -N is a change, not an option
+@lab_app.command(
+    "scale", cls=Command, context_settings={"ignore_unknown_options": True}
+)  # -N is a change, not an option
 def lab_scale(
     pool: Annotated[str, typer.Argument(help="The node pool, e.g. gpu.")],
     change: Annotated[
         str, typer.Argument(help="+N instances from the baked image, or -N to return the newest N.")
     ],
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Add instances that join from the pool's image and custom data alone, or drain and delete some."""
+    """Add instances to a pool, or drain and delete some.
+
+    New instances join from the pool's image and custom data alone."""
     from superkube.lab import scaleout
 
     sign, digits = change[:1], change[1:]
@@ -233,7 +248,7 @@ def lab_scale(
         )
 
 
-@lab_app.command("roll")
+@lab_app.command("roll", cls=Command)
 def lab_roll(
     pool: Annotated[str, typer.Argument(help="The node pool to roll onto its newest baked image, e.g. gpu.")],
     batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Nodes replaced at a time.")] = 2,
@@ -248,9 +263,11 @@ def lab_roll(
             "(gpu-missing or xid-79), to see a roll stop. Repeatable.",
         ),
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Replace a pool's instances from its newest image in health-gated batches; stop on a failed batch."""
+    """Roll a pool onto its newest baked image, in health-gated batches.
+
+    A failed batch stops the roll."""
     from superkube.lab import scaleout
 
     faults: dict[str, str] = {}
@@ -264,7 +281,7 @@ def lab_roll(
     print_roll(report, output)
 
 
-@lab_app.command("build")
+@lab_app.command("build", cls=Command)
 def lab_build(
     only: Annotated[
         list[str] | None,
@@ -274,17 +291,19 @@ def lab_build(
         ),
     ] = None,
     jobs: Annotated[
-        int, typer.Option("--jobs", "-j", min=1, help="Components built at once (two of one module never are).")
+        int,
+        typer.Option("--jobs", "-j", min=1, help="Components built at once (two of one module never are)."),
     ] = 2,
     pin: Annotated[
         list[str] | None,
         typer.Option("--pin", help="Build another version than the roles pin: NAME=VERSION; repeatable."),
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o")] = Output.table,
+    output: OutputOpt = Output.table,
 ) -> None:
-    """Build the pinned components from their Go modules into the build cache (a second run builds
-    nothing): etcd, kubernetes, kubernetes-node, scheduler-plugins, containerd, runc, kwok,
-    scheduler-plugins-controller, mpi-operator."""
+    """Build the pinned components into the build cache.
+
+    Each is built from its Go module; a second run builds nothing. The components: etcd, kubernetes, kubernetes-node,
+    scheduler-plugins, containerd, runc, kwok, scheduler-plugins-controller, mpi-operator."""
     from superkube.harness import build
 
     pins = {}

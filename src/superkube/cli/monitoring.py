@@ -10,21 +10,21 @@ from typing import Annotated
 import typer
 
 from superkube.cli.common import (
+    Command,
     ProjectOpt,
     StackOpt,
     fail,
+    group,
     out,
     project_dir,
 )
 from superkube.model.spec import SpecError
 from superkube.model.words import plural
 
-monitoring_app = typer.Typer(
-    help="Prometheus for the cluster: sharded scrape configs and rules.", no_args_is_help=True
-)
+monitoring_app = group("Prometheus for the cluster: sharded scrape configs and rules.")
 
 
-@monitoring_app.command("render")
+@monitoring_app.command("render", cls=Command)
 def monitoring_render(
     stack: StackOpt = "dev",
     out_dir: Annotated[

@@ -14,6 +14,7 @@ from rich.tree import Tree
 
 from superkube.cli.common import (
     Output,
+    OutputOpt,
     ProjectOpt,
     StackOpt,
     check_writable,
@@ -32,9 +33,7 @@ from superkube.plan import diagram, report
 
 def plan(
     stack: StackOpt = "dev",
-    output: Annotated[
-        Output, typer.Option("--output", "-o", help="table for people, json for machines.")
-    ] = Output.table,
+    output: OutputOpt = Output.table,
     out_file: Annotated[
         Path | None, typer.Option("--out", help="Also write the whole plan as JSON to this file.")
     ] = None,
