@@ -263,11 +263,24 @@ def _ansible_env(inventory: Path, settings: str, private: Path) -> dict[str, str
     env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(scope / "facts")
     if settings == "superkube":
         env["ANSIBLE_CONFIG"] = str(PLAYBOOKS / "ansible.cfg")
+        env.update(_mitogen())
     else:  # stock: Ansible's own defaults, with a config file that sets nothing
         stock = private / "stock.cfg"
         stock.write_text("[defaults]\n")
         env["ANSIBLE_CONFIG"] = str(stock)
     return env
+
+
+def _mitogen() -> dict[str, str]:
+    """Mitogen's linear strategy: the play's order and semantics of `linear`, with one Python
+    interpreter kept per host over the SSH connection instead of one started for every task, so a
+    task costs a message, not a process on each host and a fork here (a converge of the control-plane
+    lab: half the time and less than half the CPU). Only `superkube converge` sets it: a plain
+    ansible-playbook over playbooks/ansible.cfg runs the built-in linear strategy."""
+    import ansible_mitogen
+
+    strategies = Path(ansible_mitogen.__file__).parent / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_linear"}
 
 
 # Run on every member: its own status and health, and the member list as it sees it.
