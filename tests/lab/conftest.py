@@ -27,14 +27,15 @@ POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + 
 ORDER = {
     FLEET: ("test_converge.py", "test_lab.py"),
     POD_NETWORK: ("test_monitoring.py", "test_pod_network.py"),
-    # the control plane's modules build on what the ones before them left: nodes joined, a pool's image
-    # baked and scaled out, then the second converge that must change nothing, then the roll
+    # the control plane's modules build on what the ones before them left: members stopped and hosts
+    # lost, nodes joined, then the second converge that must change nothing (before the scale-out,
+    # whose instances' kubelets would only slow it), a pool's image baked and scaled out, then the roll
     CONTROL_PLANE: (
         "test_running_control_plane.py",
         "test_running_nodes.py",
         "test_running_the_agents.py",
-        "test_scaling_out.py",
         "test_split_control_plane.py",
+        "test_scaling_out.py",
         "test_upgrading_nodes.py",
     ),
 }

@@ -8,7 +8,8 @@
   and the pod ends up with its team's tolerations;
 - health: a fatal reading on one node gets that node cordoned and its pod evicted, and nothing else.
 
-Shares the control-plane lab with test_running_nodes (same shape) and runs after it, in file order:
+Shares the control-plane lab with test_running_nodes (same shape) and runs after it (tests/lab/conftest.py
+orders the modules of a shape):
 the webhook's pods are the ones the health test evicts, and the second GPU node joins here.
 """
 

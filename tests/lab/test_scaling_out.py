@@ -13,7 +13,8 @@
   and no SSH login ever reached any of them;
 - scale-in drains and deletes two: their Nodes are gone and the next instance takes a freed address.
 
-Shares the control-plane lab (same shape) and runs after test_running_the_agents, in file order.
+Shares the control-plane lab (same shape) and runs after test_split_control_plane (tests/lab/conftest.py
+orders the modules of a shape).
 """
 
 from __future__ import annotations

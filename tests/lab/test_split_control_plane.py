@@ -1,7 +1,8 @@
 """The control plane on the real lab: 5 main and 3 events etcd members on their own hosts over TLS,
 the API server's rendered flags and the gang scheduler's configuration.
 
-Runs in file order on a lab of its own shape; the disruptive tests come last.
+Runs in file order on the control-plane lab, after the modules that joined its nodes and disturbed
+its members and hosts (tests/lab/conftest.py orders them); the disruptive tests come last.
 """
 
 from __future__ import annotations

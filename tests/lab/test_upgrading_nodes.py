@@ -12,8 +12,9 @@
 - rolled again, it replaces only what is not yet on the new version and in service, and ends with the
   whole pool on it.
 
-Shares the control-plane lab (same shape) and runs after test_split_control_plane, in file order:
-the earlier modules' GPU instances (converged, and from the first image) are the pool it rolls.
+Shares the control-plane lab (same shape) and runs after test_scaling_out (tests/lab/conftest.py
+orders the modules of a shape): the earlier modules' GPU instances (converged, and from the first
+image) are the pool it rolls.
 """
 
 from __future__ import annotations
