@@ -9,14 +9,25 @@ STACK ?= dev
 .PHONY: plan test lint lint-quick install install-test bench debian-deps
 
 $(BIN)/python:
+	@echo "making the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/pip install --quiet -c constraints.txt -e .
+# The package is installed editable: a stamp per extra says it is, and pip runs again only when
+# what it installs from changes (pyproject.toml, constraints.txt), not at every `make plan`.
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	@echo "installing superkube and its dependencies into $(VENV) (the first time: a few minutes)"
+	$(BIN)/pip install --progress-bar on -c constraints.txt -e .
+	@touch $@
 
-install-test: $(BIN)/python
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml constraints.txt
+	@echo "installing the test tools into $(VENV)"
+	$(BIN)/pip install --progress-bar on -c constraints.txt -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
 
 plan: install
 	$(BIN)/superkube plan --stack $(STACK)
