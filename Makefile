@@ -46,9 +46,9 @@ debian-deps:
 	bash scripts/debian-deps.sh
 
 # Debian packages first: the virtualenv itself may need python3-venv. Then the suite in lanes
-# (scripts/run_tests.py): the unit tests and mypy run beside the components' build and the lab's
-# runs; the target fails if any step does, after every step has ended.
-test: debian-deps lint-quick
+# (scripts/run_tests.py): the linters, the unit tests and mypy run beside the components' build and
+# the lab's runs; the target fails if any step does, after every step has ended.
+test: debian-deps install-test
 	$(BIN)/python scripts/run_tests.py
 
 bench: install-test debian-deps

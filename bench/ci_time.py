@@ -110,9 +110,9 @@ def profile(out: Path, total_s: float | None = None) -> dict[str, Any]:
 
 def _lab_shapes() -> dict[str, tuple[str, ...]]:
     sys.path[:0] = [str(ROOT), str(ROOT / "src")]
-    from tests.lab.conftest import CONTROL_PLANE, FLEET, ORDER, POD_NETWORK
+    from tests.lab.conftest import CONTROL_PLANE, ORDER, POD_NETWORK
 
-    names = {FLEET: "fleet", POD_NETWORK: "pod network", CONTROL_PLANE: "control plane"}
+    names = {POD_NETWORK: "pod network", CONTROL_PLANE: "control plane"}
     return {names[shape]: modules for shape, modules in ORDER.items()}
 
 

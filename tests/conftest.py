@@ -1,4 +1,6 @@
-"""Shared fixtures: recorded plans of the shipped stacks, and throwaway stack files."""
+"""Shared fixtures: recorded plans of the shipped stacks, throwaway stack files, and the one real API
+server (etcd and kube-apiserver at the pinned versions, on loopback) that the agents' and the
+harness's tests share."""
 
 from __future__ import annotations
 
@@ -8,14 +10,17 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
 from superkube.plan import engine as planning
+
+if TYPE_CHECKING:
+    from superkube.harness.apiserver import LocalApi
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_KEY = (
@@ -131,3 +136,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if reporter:
             reporter.write_line(f"CI: {skipped} test(s) skipped; install what they need instead", red=True)
+
+
+@pytest.fixture(scope="session")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApi]:
+    """One real API server per session (`superkube.harness.apiserver`), for every test that asks."""
+    from superkube.harness import apiserver
+
+    with apiserver.running(tmp_path_factory.mktemp("apiserver")) as running:
+        yield running

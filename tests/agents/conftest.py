@@ -1,27 +1,17 @@
-"""The real API server the agents' tests run against (etcd and kube-apiserver at the pinned versions,
-on loopback: `superkube.harness.apiserver`), one per test session, and what tests make on it: nodes,
+"""What the agents' tests make on the real API server (the session's `api`, tests/conftest.py): nodes,
 pods bound to them, service accounts and the tokens a kubelet would mint for a pod."""
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from superkube.harness import apiserver
 from superkube.harness.apiserver import LocalApi
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalApi]:
-    with apiserver.running(tmp_path_factory.mktemp("apiserver")) as running:
-        yield running
 
 
 def unique(prefix: str) -> str:
