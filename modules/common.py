@@ -7,6 +7,11 @@ from collections.abc import Mapping
 import pulumi
 from pulumi_azure_native import compute, network
 
+from modules import azure
+
+if azure.planning():  # under `superkube plan`'s engine, not `pulumi up`: each name from its own module
+    azure.load_by_name(*azure.PACKAGES)  # before any component reads a name of them
+
 ROLE_TAG = "superkube-role"  # Ansible's dynamic inventory groups hosts by this tag
 
 

@@ -14,6 +14,7 @@ import typer
 
 from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan
 from superkube.cli.common import Command, Group, err, out, package_version
+from superkube.plan import collector
 
 app = typer.Typer(
     name="superkube",
@@ -59,6 +60,7 @@ app.add_typer(image.image_app, name="image")
 
 
 def main() -> NoReturn:
+    collector.process_ends_with_command()  # _leave below: nothing runs after the command
     try:
         app()
         code: object = 0

@@ -28,7 +28,7 @@ from superkube.cli.common import (
 )
 from superkube.cluster.kube import APISERVER_PORT
 from superkube.model.words import plural
-from superkube.plan import diagram, report
+from superkube.plan import collector, diagram, report
 
 
 def plan(
@@ -48,16 +48,19 @@ def plan(
     check_writable(diagram_file, "--diagram")
     if diagram_file is not None and diagram_file.suffix.lower() != ".svg":
         fail(f"--diagram {diagram_file}: the diagram is SVG; name the file *.svg")
-    result = planned(stack, project)
-    document = result.to_dict()
-    if out_file is not None:
-        write_atomically(out_file, json.dumps(document, indent=2) + "\n")
-    if diagram_file is not None:
-        write_atomically(diagram_file, diagram.render(document))
-    if output is Output.json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-        return
-    _print_plan(result, document)
+    # The plan and its document are a few hundred thousand objects that live until the command ends;
+    # the cycle collector would scan them all again as the document is built and printed, for nothing.
+    with collector.paused(for_the_command=True):
+        result = planned(stack, project)
+        document = result.to_dict()
+        if out_file is not None:
+            write_atomically(out_file, json.dumps(document, indent=2) + "\n")
+        if diagram_file is not None:
+            write_atomically(diagram_file, diagram.render(document))
+        if output is Output.json:
+            sys.stdout.write(json.dumps(document, indent=2) + "\n")
+            return
+        _print_plan(result, document)
     if out_file is not None:
         out.print(f"plan written to {out_file}")
     if diagram_file is not None:

@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from superkube.model import strictyaml
 
 ROOT = Path(__file__).resolve().parents[3]
 CRDS = ROOT / "data" / "crds"
@@ -43,6 +43,7 @@ MPI_CRDS = ("mpijobs.kubeflow.org",)
 _TAG = re.compile(r":(v\d+\.\d+\.\d+)$")
 
 
+@cache
 def scheduler_plugins_version(kubernetes_version: str) -> str:
     """The scheduler-plugins release pinned for this Kubernetes minor (its kube-scheduler image tag)."""
     minor = ".".join(kubernetes_version.split(".")[:2])
@@ -50,7 +51,7 @@ def scheduler_plugins_version(kubernetes_version: str) -> str:
     if not path.is_file():
         known = sorted(p.stem.removeprefix("release-") for p in RELEASES.glob("release-*.yml"))
         raise ValueError(f"no release pins for Kubernetes {minor}; known: {', '.join(known)}")
-    ref = yaml.safe_load(path.read_text())["kube_component_release"]["images"]["kube-scheduler"]["ref"]
+    ref = strictyaml.safe_load(path.read_text())["kube_component_release"]["images"]["kube-scheduler"]["ref"]
     m = _TAG.search(ref)
     if not m:
         raise ValueError(f"{path.name}: kube-scheduler ref {ref!r} has no vX.Y.Z tag")
@@ -64,5 +65,5 @@ def controller_image(kubernetes_version: str) -> str:
 @cache
 def crd(name: str) -> dict[str, Any]:
     """The CustomResourceDefinition kept as data/crds/<name>.yaml."""
-    doc: dict[str, Any] = yaml.safe_load((CRDS / f"{name}.yaml").read_text())
+    doc: dict[str, Any] = strictyaml.safe_load((CRDS / f"{name}.yaml").read_text())
     return doc

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
-
+from superkube.model import strictyaml
 from superkube.model.spec import ClusterSpec, SpecError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vm_sizes.yaml"
@@ -37,7 +36,7 @@ class Overhead:
 
 @cache
 def _load() -> tuple[dict[str, VmSize], Overhead]:
-    doc = yaml.safe_load(DATA.read_text())
+    doc = strictyaml.safe_load(DATA.read_text())
     sizes = {name: VmSize(name=name, **facts) for name, facts in doc["sizes"].items()}
     return sizes, Overhead(**doc["node_overhead"])
 

@@ -8,6 +8,7 @@ program registers is recorded with its type, name, inputs, parent and dependenci
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import copy
 import difflib
@@ -16,7 +17,7 @@ import runpy
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,10 @@ from typing import Any
 import pulumi
 import yaml
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import resource as pulumi_resource
 from pulumi.runtime import settings
 from pulumi.runtime import stack as pulumi_stack
+from pulumi.runtime.proto import source_pb2
 from pulumi.runtime.sync_await import _sync_await
 
 from superkube.cluster.render import SECRET
@@ -198,7 +201,7 @@ def find_project(start: Path | None = None) -> Path:
 
 def _project_name(path: Path) -> str | None:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = strictyaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
     return data.get("name") if isinstance(data, dict) else None
@@ -523,6 +526,24 @@ def _is_version_alias(type_: Any) -> bool:
     return isinstance(type_, str) and type_.startswith("azure-native:") and "/v" in type_.split(":")[1]
 
 
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Register resources without the caller's stack trace, which the mock monitor never reads.
+
+    The SDK sends one with every resource so the engine can point at the line that made it. Taking it
+    reads every frame's source line: a fifth of a plan's time under the mock engine."""
+    taken = pulumi_resource._get_stack_trace
+    pulumi_resource._get_stack_trace = _empty_stack_trace
+    try:
+        yield
+    finally:
+        pulumi_resource._get_stack_trace = taken
+
+
+def _empty_stack_trace() -> Any:
+    return source_pb2.StackTrace()
+
+
 def _close_thread_loop() -> None:
     try:
         thread_loop = asyncio.get_event_loop_policy().get_event_loop()
@@ -605,7 +626,7 @@ def run(project: Path, stack: str, secrets: Mapping[str, str] | None = None) -> 
             asyncio.set_event_loop(None)
 
     try:
-        with collector.paused():
+        with collector.paused(), _no_stack_traces():
             recorded, outputs = contextvars.Context().run(body)
     except pulumi.RunError as exc:
         raise PlanError(str(exc)) from None
