@@ -3,7 +3,8 @@
 Run (as root, on a machine with nothing else running; each takes as long as a CI run):
     .venv/bin/python bench/ci_time.py --run warm   this machine's caches, as a later CI run finds them
     .venv/bin/python bench/ci_time.py --run cold   the project's build and lab caches and Go's module and
-                                                   build caches pointed at empty folders, as on a
+                                                   build caches (and the user cache: pip, mypy)
+                                                   pointed at empty folders, as on a
                                                    fresh machine
     .venv/bin/python bench/ci_time.py              prints the profiles kept in bench/results/ci_time.json
     .venv/bin/python bench/ci_time.py --from DIR   profiles a run's .ci/out folder without running
@@ -38,7 +39,7 @@ TARGET_MIN = {"warm": 45, "cold": 75}
 ALLOWANCE_MIN = 5
 """what each of the next lab-testing changes may add to a warm run (a training job end to end, the
 health loop's faults, network use per pod): four such, and the warm run stays within its target"""
-COLD_CACHES = ("SUPERKUBE_BUILD_CACHE", "SUPERKUBE_LAB_CACHE", "GOCACHE", "GOMODCACHE")
+COLD_CACHES = ("SUPERKUBE_BUILD_CACHE", "SUPERKUBE_LAB_CACHE", "GOCACHE", "GOMODCACHE", "XDG_CACHE_HOME")
 
 
 def _load(path: Path) -> Any:
