@@ -108,8 +108,10 @@ def main() -> int:
     sizes = [int(x) for x in args.sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="gang-bench-"))
     plan = planning.run(ROOT, "flagship")
-    objects = layer.objects(plan)["gang-scheduling"]
-    config, flags = gang_lab.scheduler(checks.plan_wiring(plan))
+    engine = checks.plan_wiring(plan)
+    # what converge applies before the scheduler starts, then the layer's half
+    objects = [*gang_lab.prerequisites(engine), *layer.objects(plan)["gang-scheduling"]]
+    config, flags = gang_lab.scheduler(engine)
     rows: dict[str, list[dict[str, Any]]] = {}
     try:
         with (

@@ -1,9 +1,10 @@
 """Gang scheduling's in-cluster half and the MPI Operator.
 
-- PodGroup CRD (and ElasticQuota's, which the controller also watches), the scheduler-plugins
-  controller that keeps each PodGroup's status, and read access to PodGroups for the scheduler's own
-  identity (system:kube-scheduler; the built-in role knows nothing of them). The scheduler itself
-  is a host service on the API-server hosts (playbooks/roles/gang_scheduler).
+- The scheduler-plugins controller that keeps each PodGroup's status. The scheduler itself is a host
+  service on the API-server hosts (playbooks/roles/gang_scheduler), and what it cannot start without
+  comes with converge, not with this layer: the PodGroup and ElasticQuota CRDs and the scheduler's
+  read access to them are among the kube_apiserver role's bootstrap objects, applied before any
+  scheduler starts (until the PodGroup CRD exists, Coscheduling schedules no pod at all).
 - The Kubeflow MPI Operator: the MPIJob CRD, its controller started with gang scheduling through
   scheduler-plugins under our scheduler's name (it then creates one PodGroup per MPIJob, minMember =
   launcher + workers, and labels every pod with it), its RBAC, and roles that let namespace editors
@@ -27,7 +28,6 @@ from superkube.cluster import gang
 COMPONENT = "gang-scheduling"
 CONTROLLER = gang.CONTROLLER_NAME
 MPI_OPERATOR = gang.MPI_OPERATOR_NAME
-SCHEDULER_ACCESS = "superkube:gang-scheduler"
 MPI_OPERATOR_HEALTH_PORT = 8080
 """fixed in the operator (v0.8.2 cmd/mpi-operator/app/server.go): no flag moves it"""
 MPI_OPERATOR_METRICS_PORT = 9090
@@ -184,39 +184,8 @@ def manifests(args: GangSchedulingArgs) -> list[Manifest]:
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
     }
     out: list[Manifest] = [
-        *(_crd(name) for name in gang.GANG_CRDS),
         *objects.service_account_access(CONTROLLER, COMPONENT, NAMESPACE, CONTROLLER_RULES),
         _deployment(CONTROLLER, args.controller_replicas, controller),
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": objects.meta(SCHEDULER_ACCESS, COMPONENT),
-            "rules": [
-                {
-                    "apiGroups": ["scheduling.x-k8s.io"],
-                    "resources": ["podgroups", "elasticquotas"],
-                    "verbs": ["get", "list", "watch"],
-                },
-                {
-                    "apiGroups": ["scheduling.x-k8s.io"],
-                    "resources": ["podgroups/status"],
-                    "verbs": ["get", "update", "patch"],
-                },
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": objects.meta(SCHEDULER_ACCESS, COMPONENT),
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": SCHEDULER_ACCESS,
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-scheduler"}
-            ],
-        },
     ]
     if args.mpi_operator:
         operator = {

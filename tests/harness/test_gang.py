@@ -58,8 +58,10 @@ NODES = {
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, flagship_plan: Plan) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("gang")
-    objects = layer.objects(flagship_plan)["gang-scheduling"]
-    config, flags = gang_lab.scheduler(checks.plan_wiring(flagship_plan))
+    engine = checks.plan_wiring(flagship_plan)
+    # what converge applies before the scheduler starts, then the layer's half
+    objects = [*gang_lab.prerequisites(engine), *layer.objects(flagship_plan)["gang-scheduling"]]
+    config, flags = gang_lab.scheduler(engine)
     with (
         apiserver.running(work / "api") as api,
         gang_lab.running(api, work / "gang", objects, config, flags) as running,

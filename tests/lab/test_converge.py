@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
+import yaml
 from typer.testing import CliRunner
 
 from superkube.cli import app
+from superkube.cluster import gang
 from superkube.cluster.kube import NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab.state import Lab
-from tests.lab.conftest import Labs, counters, sh
+from tests.lab.conftest import Labs, counters, get, kubectl, ok, sh
+from tests.lab.test_running_the_agents import wait_for
 
 STOPPED = ("cpu-1", "gpu-2")  # node hosts: the control plane converges whole beside them
 
@@ -70,6 +74,75 @@ def test_two_hosts_stopped_mid_fleet_then_retried(labs: Labs, fleet: Lab) -> Non
         assert sh(
             fleet, name, "systemctl is-active superkube-iptables@accounting superkube-iptables-exporter"
         ).split() == ["active", "active"]
+
+
+PROBE_NODE = "scheduling-probe"
+PODGROUPS = gang.GANG_CRDS[0]
+
+
+def _probe_node() -> dict[str, Any]:
+    """A Node with room for pods and no kubelet behind it: what the scheduler needs to place a pod
+    (binding it is the scheduler's whole part); nothing will run it."""
+    room = {"cpu": "4", "memory": "8Gi", "pods": "10"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": PROBE_NODE, "labels": {"kubernetes.io/hostname": PROBE_NODE}},
+        "status": {"capacity": room, "allocatable": room},
+    }
+
+
+def _probe_pod(name: str, fleet: Lab) -> str:
+    """An ordinary pod (no pod group), for the probe node alone, tolerating the taints the node
+    lifecycle controller gives a node whose kubelet never reports."""
+    return yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": PROBE_NODE},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "pause", "image": fleet.images["pause"]["ref"]}],
+        },
+    })  # fmt: skip
+
+
+def _scheduled(fleet: Lab, name: str) -> str:
+    """The node the scheduler bound the pod to, once it has."""
+    return str(
+        wait_for(
+            f"pod {name} scheduled",
+            lambda: get(fleet, "pod", name, "-n", "default")["spec"].get("nodeName"),
+            timeout=60,
+        )
+    )
+
+
+def test_ordinary_pods_are_scheduled_before_the_layer_and_after_the_podgroup_crd_returns(fleet: Lab) -> None:
+    """The one scheduler runs Coscheduling, whose informer waits for PodGroups: converge applies their
+    CRD before any scheduler starts, so ordinary pods are placed on a cluster whose in-cluster layer
+    is not applied yet; deleted, the CRD comes back with the next converge of the API servers."""
+    assert kubectl(fleet, "get", "crd", PODGROUPS).returncode == 0  # converged, layer not applied
+    assert kubectl(fleet, "get", "deployment", "-A", "-l", "app.kubernetes.io/part-of=superkube",
+                   "-o", "name").stdout.strip() == ""  # fmt: skip
+    first = next(h.name for h in fleet.hosts if h.group == "apiservers")
+    ok(fleet, "create", "-f", "-", stdin=yaml.safe_dump(_probe_node()))
+    try:
+        ok(fleet, "create", "-f", "-", stdin=_probe_pod("before-layer", fleet))
+        assert _scheduled(fleet, "before-layer") == PROBE_NODE
+
+        ok(fleet, "delete", "crd", PODGROUPS, "--wait=true")
+        again = runner.converge(fleet.inventory, tags="kube_apiserver", limit=first)
+        assert again.ok, {n: (h.task, h.message) for n, h in again.hosts.items() if not h.healthy}
+        assert again.hosts[first].changed > 0  # the CRD applied anew
+        crd = get(fleet, "crd", PODGROUPS)
+        assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
+        ok(fleet, "create", "-f", "-", stdin=_probe_pod("after-crd-restored", fleet))
+        assert _scheduled(fleet, "after-crd-restored") == PROBE_NODE
+    finally:
+        kubectl(fleet, "delete", "pod", "-n", "default", "before-layer", "after-crd-restored",
+                "--force", "--grace-period=0", "--ignore-not-found")  # fmt: skip
+        kubectl(fleet, "delete", "node", PROBE_NODE, "--ignore-not-found")
 
 
 def test_rules_come_back_at_boot_without_a_converge(fleet: Lab) -> None:

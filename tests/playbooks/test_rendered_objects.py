@@ -11,7 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from superkube.cluster import wiring
+from superkube.cluster import gang, wiring
+from superkube.harness import gang as gang_lab
+from superkube.plan import layer
 from superkube.plan.engine import Plan
 from tests.playbooks.test_flag_filters import ALL_KNOWN, flags_module
 
@@ -64,7 +66,13 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
     (secret,) = [d for d in documents if d["kind"] == "Secret"]
     assert secret["metadata"]["name"] == "bootstrap-token-abcdef"
     assert secret["type"] == "bootstrap.kubernetes.io/token"
-    groups = {s["name"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]}
+    groups = {
+        s["name"]
+        for d in documents
+        if d["kind"] == "ClusterRoleBinding"
+        for s in d["subjects"]
+        if s["kind"] == "Group"
+    }
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert (data["token-id"], data["token-secret"]) == ("abcdef", "0123456789abcdef")
     assert data["expiration"] == "2026-11-28T12:00:00Z"  # kube_pki's lifetime for it
@@ -75,6 +83,32 @@ def test_bootstrap_objects_are_valid_kubernetes_objects(engine: wiring.Wiring) -
     broken["dat"] = broken.pop("data")
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, VERSION, strict=True)
+
+
+def test_converge_applies_what_the_gang_scheduler_waits_for(
+    engine: wiring.Wiring, flagship_plan: Plan
+) -> None:
+    """The PodGroup CRD (until it exists, Coscheduling schedules no pod at all) and the scheduler's
+    read access come with converge's bootstrap objects, not with the in-cluster layer."""
+    objects = gang_lab.prerequisites(engine)
+    _validate([o for o in objects if o["kind"] != "CustomResourceDefinition"])
+    crds = [o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"]
+    assert crds == list(gang.GANG_CRDS)
+    for name in crds:  # the files the role copies
+        assert (gang.CRDS / f"{name}.yaml").is_file()
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    readable = {r for rule in role["rules"] if "watch" in rule["verbs"] for r in rule["resources"]}
+    assert readable == {"podgroups", "elasticquotas"}
+    (binding,) = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-scheduler"}
+    ]
+    # the layer no longer carries them: one owner, and a `pulumi destroy` of the layer cannot take
+    # away what every pod's scheduling needs
+    layer_objects = [o for objs in layer.objects(flagship_plan).values() for o in objs]
+    assert not set(crds) & {o["metadata"]["name"] for o in layer_objects}
+    assert role["metadata"]["name"] not in {o["metadata"]["name"] for o in layer_objects}
 
 
 def test_cloud_inits_registration_flags_are_kubelet_flags(flagship_plan: Plan) -> None:

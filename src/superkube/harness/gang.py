@@ -184,6 +184,8 @@ class Gang:
             subprocess.run(["ip", "netns", "delete", self.netns], check=False, capture_output=True)
 
 
+ACCESS = "superkube:gang-scheduler"
+"""the ClusterRole and binding that let the scheduler's identity read PodGroups (bootstrap.yaml.j2)"""
 _KUBECONFIG, _CONFIG_DIR = "/lab/kube-scheduler.kubeconfig", "/lab/config"
 """placeholders for this machine's paths, which exist only once the scheduler starts"""
 
@@ -198,6 +200,21 @@ def scheduler(engine: Any, **role_vars: Any) -> tuple[str, dict[str, str]]:
     text = engine.template("gang_scheduler", host, "scheduler-config.yaml.j2", **paths)
     flags = engine.render("gang_scheduler", host, ["gang_scheduler_flags"], **paths)["gang_scheduler_flags"]
     return text, {k: str(v) for k, v in flags.items()}
+
+
+def prerequisites(engine: Any) -> list[dict[str, Any]]:
+    """What converge applies before the gang scheduler starts, as the kube_apiserver role writes it on
+    the plan's first API-server host: the CRDs its Coscheduling plugin waits for (the role copies them
+    from data/crds) and the scheduler's access to them (its bootstrap objects)."""
+    from superkube.cluster import gang
+    from superkube.harness import joins
+
+    host = next(h for h in engine.hosts if h.group == "apiservers")
+    names = engine.render("kube_apiserver", host, ["kube_apiserver_scheduler_crds"])[
+        "kube_apiserver_scheduler_crds"
+    ]
+    access = [o for o in joins.role_objects(engine) if o["metadata"]["name"] == ACCESS]
+    return [*(gang.crd(name) for name in names), *access]
 
 
 def default_profile(config: str) -> str:
