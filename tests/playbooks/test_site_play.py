@@ -29,10 +29,11 @@ def gated_run_once_tasks(playbooks: Path = PLAYBOOKS) -> list[str]:
     silently never runs. Such a task must pick its host itself (or run on the controller)."""
     found = []
     for play in yaml.safe_load((playbooks / "site.yml").read_text()):
-        for role in play.get("roles", []):
-            if not isinstance(role, dict) or "when" not in role:
-                continue
-            for path in sorted((playbooks / "roles" / role["role"] / "tasks").glob("*.yml")):
+        # (a role included by a task with a `when` runs only on the hosts that took it: its run_once
+        # takes the first of those, so only roles listed under `roles:` can fall into this)
+        gated = [r["role"] for r in play.get("roles", []) if isinstance(r, dict) and "when" in r]
+        for role in gated:
+            for path in sorted((playbooks / "roles" / role / "tasks").glob("*.yml")):
                 for task in _tasks(yaml.safe_load(path.read_text())):
                     if task.get("run_once") and task.get("delegate_to") != "localhost":
                         found.append(f"{path.relative_to(playbooks)}: {task.get('name')}")
@@ -54,3 +55,20 @@ def test_the_check_finds_the_pitfall(tmp_path: Path) -> None:
         "- name: On the controller\n  ansible.builtin.command: 'true'\n  run_once: true\n  delegate_to: localhost\n"
     )
     assert gated_run_once_tasks(tmp_path) == ["roles/r/tasks/main.yml: Once"]
+
+
+def test_the_cluster_play_includes_each_role_with_its_tag() -> None:
+    """Each role of the cluster's play is included by a task (gated by its groups, if any) that
+    carries the role's tag and applies it to the role's tasks: `converge --tags <role>` runs the
+    role whole, its dependencies included, and no host walks through the skipped tasks of a role
+    that is not its own."""
+    play = yaml.safe_load((PLAYBOOKS / "site.yml").read_text())[0]
+    assert "roles" not in play and play["hosts"] == "cluster"
+    names = []
+    for task in play["tasks"]:
+        include = task["ansible.builtin.include_role"]
+        names.append(include["name"])
+        assert task["tags"] == [include["name"]] == include["apply"]["tags"], task
+    assert {p.name for p in (PLAYBOOKS / "roles").iterdir()} - set(names) == {
+        "data_disk", "iptables_base", "kube_component", "metrics_store", "monitoring"
+    }  # fmt: skip

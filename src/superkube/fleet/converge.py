@@ -203,6 +203,10 @@ def converge(
             tags=tags,
             extravars=extra_vars or {},
             envvars=env,
+            # ansible-runner points the fact cache into each run's own artifacts (deleted below)
+            # whatever the environment says; given a path, it keeps the inventory's own, so a later
+            # run within fact_caching_timeout does not gather every host's facts again
+            fact_cache=env["ANSIBLE_CACHE_PLUGIN_CONNECTION"],
             event_handler=handle,
             quiet=True,
             suppress_env_files=True,
