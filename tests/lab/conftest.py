@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from superkube.cli import app
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
@@ -65,6 +67,7 @@ class Labs:
         self.shape: str | None = None
         self.current: Lab | None = None
         self.converged: dict[str | None, runner.ConvergeResult] = {}
+        self.applied: list[dict[str, Any]] | None = None
 
     def get(self, shape: str) -> Lab:
         if shape != self.shape or self.current is None:
@@ -72,6 +75,7 @@ class Labs:
             self.current = lab.up(shape, lambda what, fraction: None)
             self.shape = shape
             self.converged = {}
+            self.applied = None
         return self.current
 
     def converge(self, fleet: Lab, tags: str | None = None) -> runner.ConvergeResult:
@@ -92,6 +96,18 @@ class Labs:
             done = self.converged[tags] = runner.converge(fleet.inventory, tags=tags)
         assert done.ok, {n: (h.task, h.message) for n, h in done.hosts.items() if not h.healthy}
         return done
+
+    def apply(self, fleet: Lab) -> list[dict[str, Any]]:
+        """Apply the in-cluster layer to this lab once, through the command a user runs (`superkube lab
+        apply`), after its converge; the next module of the same shape finds it applied. What it
+        reported, file by file. That a second apply changes nothing is test_running_control_plane's."""
+        assert fleet is self.current, "apply to the lab this session holds"
+        self.converge(fleet)
+        if self.applied is None:
+            result = CliRunner().invoke(app, ["lab", "apply", "--output", "json"])
+            assert result.exit_code == 0, result.output
+            self.applied = list(json.loads(result.stdout))
+        return self.applied
 
     def retried(self, fleet: Lab, first: runner.ConvergeResult, retry: runner.ConvergeResult) -> None:
         """A whole converge that failed on some hosts, and its retry that converged exactly those:

@@ -19,10 +19,8 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from typer.testing import CliRunner
 
 from superkube.agents import serving_certs
-from superkube.cli import app
 from superkube.cluster import autoscaling
 from superkube.lab import nodes
 from superkube.lab.state import Lab
@@ -43,9 +41,7 @@ CONDITION_TAINTS = "node.kubernetes.io/"
 def joined(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     """Converge and apply the in-cluster layer (done already after test_running_control_plane; the
     whole setup when this module runs alone), then join."""
-    labs.converge(control_plane)
-    applied = CliRunner().invoke(app, ["lab", "apply"])  # the scheduler's RBAC for its plugins is in it
-    assert applied.exit_code == 0, applied.output
+    labs.apply(control_plane)
     watch = NodeWatch(control_plane)  # the Nodes as registered: preflight lifts its taint seconds later
     try:
         done = nodes.join(control_plane, NODES)

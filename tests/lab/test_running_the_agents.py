@@ -22,12 +22,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-from typer.testing import CliRunner
 
 from modules.platform import node_health, team_capacity
 from superkube.agents import AGENTS_IMAGE, preflight
 from superkube.agents import node_health as health_agent
-from superkube.cli import app
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.cluster.kube import SYSTEM_NAMESPACE
 from superkube.lab import agent_pods, nodes
@@ -48,9 +46,7 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="module")
 def agents(labs: Labs, control_plane: Lab) -> Iterator[Lab]:
-    labs.converge(control_plane)
-    applied = CliRunner().invoke(app, ["lab", "apply"])
-    assert applied.exit_code == 0, applied.output
+    labs.apply(control_plane)
     nodes.join(control_plane, JOINED)
     yield control_plane
     kubectl(control_plane, "delete", "namespace", TEAM, "--wait=false")

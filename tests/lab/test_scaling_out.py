@@ -48,9 +48,7 @@ def gpu_pool(fleet: Lab) -> str:
 
 @pytest.fixture(scope="module")
 def baked(labs: Labs, control_plane: Lab) -> dict[str, Any]:
-    labs.converge(control_plane)
-    applied = CliRunner().invoke(app, ["lab", "apply"])
-    assert applied.exit_code == 0, applied.output
+    labs.apply(control_plane)
     nodes.join(control_plane, JOINED)
     pool = gpu_pool(control_plane)
     image = scaleout.bake(control_plane, pool)

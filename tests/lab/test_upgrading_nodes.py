@@ -133,9 +133,7 @@ def probe_objects(fleet: Lab, pool: str) -> str:
 
 @pytest.fixture(scope="module")
 def upgrade(labs: Labs, control_plane: Lab) -> dict[str, Any]:
-    labs.converge(control_plane)
-    applied = CliRunner().invoke(app, ["lab", "apply"])
-    assert applied.exit_code == 0, applied.output
+    labs.apply(control_plane)
     fleet = load()  # the lab as the earlier modules left it (their scale-outs are not in the fixture's copy)
     waiting = [n for n in JOINED if n not in nodes.ready_nodes(fleet)]
     if waiting:  # this module alone: no SSH to a node that joined long ago
