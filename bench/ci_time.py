@@ -36,9 +36,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "bench" / "results" / "ci_time.json"
 TARGET_MIN = {"warm": 45, "cold": 75}
-ALLOWANCE_MIN = 5
-"""what each of the next lab-testing changes may add to a warm run (a training job end to end, the
-health loop's faults, network use per pod): four such, and the warm run stays within its target"""
+ALLOWANCE_MIN = 4
+"""what each of the next lab-testing changes may add to a warm run: the three that come (a training
+job end to end, the health loop's faults, network use per pod) fit the room the warm run leaves
+(13.1 min at 8ca4fdd), and it stays within its target after them"""
 COLD_CACHES = ("SUPERKUBE_BUILD_CACHE", "SUPERKUBE_LAB_CACHE", "GOCACHE", "GOMODCACHE", "XDG_CACHE_HOME")
 
 
