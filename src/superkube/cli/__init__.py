@@ -1,45 +1,29 @@
 """The superkube command line: one typer app, its commands in one module per group (this file is the
-table of contents: the order here is the order `superkube --help` lists them in).
-
-A command's module is imported when that command runs, not before: `superkube plan` loads the plan
-command's module and what it needs, not the lab's, the image's or the checks' (bench/plan.py times the
-whole process). `superkube --help`, a command this table does not name, and `app` (the tests', the
-reference docs') load them all."""
+table of contents: the order here is the order `superkube --help` lists them in)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import os
 import sys
 import threading
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
+from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan
 from superkube.cli.common import Command, Group, err, out, package_version
 from superkube.plan import collector
 
-COMMANDS = (
-    ("plan", "plan", "plan"),
-    ("check", "check", "check"),
-    ("render", "plan", "render"),
-    ("policy-config", "check", "policy_config"),
-    ("converge", "fleet", "converge"),
-    ("inventory", "fleet", "inventory"),
-    ("config-schema", "plan", "config_schema"),
+app = typer.Typer(
+    name="superkube",
+    help="Stand up and run GPU Kubernetes clusters of thousands of nodes on Azure, as code.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    cls=Group,
 )
-"""(command, module of superkube.cli, function)"""
-GROUPS = (
-    ("lab", "lab", "lab_app"),
-    ("etcd", "etcd", "etcd_app"),
-    ("monitoring", "monitoring", "monitoring_app"),
-    ("health", "health", "health_app"),
-    ("job", "job", "job_app"),
-    ("image", "image", "image_app"),
-)
-"""(group, module of superkube.cli, its typer app)"""
 
 
 def _print_version(wanted: bool) -> None:
@@ -48,6 +32,7 @@ def _print_version(wanted: bool) -> None:
         raise typer.Exit()
 
 
+@app.callback()
 def _superkube(
     version: Annotated[
         bool,
@@ -59,45 +44,25 @@ def _superkube(
     pass
 
 
-def build(only: str | None = None) -> typer.Typer:
-    """The command line with every command, or (`only`) with that one command or group alone."""
-    cli = typer.Typer(
-        name="superkube",
-        help="Stand up and run GPU Kubernetes clusters of thousands of nodes on Azure, as code.",
-        no_args_is_help=True,
-        pretty_exceptions_enable=False,
-        add_completion=False,
-        cls=Group,
-    )
-    cli.callback()(_superkube)
-    for name, module, attr in COMMANDS:
-        if only in (None, name):
-            cli.command(name, cls=Command)(getattr(importlib.import_module(f"superkube.cli.{module}"), attr))
-    for name, module, attr in GROUPS:
-        if only in (None, name):
-            cli.add_typer(getattr(importlib.import_module(f"superkube.cli.{module}"), attr), name=name)
-    return cli
-
-
-def _wanted(args: list[str]) -> str | None:
-    """The command or group `args` name, if this table has it (the first word that is not an option:
-    the app itself takes no option with a value)."""
-    word = next((a for a in args if not a.startswith("-")), None)
-    known = {name for name, _, _ in COMMANDS} | {name for name, _, _ in GROUPS}
-    return word if word in known and "--help" not in args[: args.index(word)] else None
-
-
-def __getattr__(name: str) -> Any:
-    if name == "app":  # the whole command line, built once
-        globals()["app"] = built = build()
-        return built
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+app.command(cls=Command)(plan.plan)
+app.command(cls=Command)(check.check)
+app.command(cls=Command)(plan.render)
+app.command("policy-config", cls=Command)(check.policy_config)
+app.command(cls=Command)(fleet.converge)
+app.command(cls=Command)(fleet.inventory)
+app.command("config-schema", cls=Command)(plan.config_schema)
+app.add_typer(lab.lab_app, name="lab")
+app.add_typer(etcd.etcd_app, name="etcd")
+app.add_typer(monitoring.monitoring_app, name="monitoring")
+app.add_typer(health.health_app, name="health")
+app.add_typer(job.job_app, name="job")
+app.add_typer(image.image_app, name="image")
 
 
 def main() -> NoReturn:
     collector.process_ends_with_command()  # _leave below: nothing runs after the command
     try:
-        build(_wanted(sys.argv[1:]))()
+        app()
         code: object = 0
     except KeyboardInterrupt:
         err.print("interrupted")
