@@ -184,8 +184,6 @@ class Gang:
             subprocess.run(["ip", "netns", "delete", self.netns], check=False, capture_output=True)
 
 
-ACCESS = "superkube:gang-scheduler"
-"""the ClusterRole and binding that let the scheduler's identity read PodGroups (bootstrap.yaml.j2)"""
 _KUBECONFIG, _CONFIG_DIR = "/lab/kube-scheduler.kubeconfig", "/lab/config"
 """placeholders for this machine's paths, which exist only once the scheduler starts"""
 
@@ -213,8 +211,17 @@ def prerequisites(engine: Any) -> list[dict[str, Any]]:
     names = engine.render("kube_apiserver", host, ["kube_apiserver_scheduler_crds"])[
         "kube_apiserver_scheduler_crds"
     ]
-    access = [o for o in joins.role_objects(engine) if o["metadata"]["name"] == ACCESS]
-    return [*(gang.crd(name) for name in names), *access]
+    bootstrap = joins.role_objects(engine)
+    # the scheduler's access: the bindings of its identity and the roles they grant
+    bindings = [
+        o
+        for o in bootstrap
+        if o["kind"] == "ClusterRoleBinding"
+        and any(s["name"] == "system:kube-scheduler" for s in o.get("subjects") or [])
+    ]
+    granted = {b["roleRef"]["name"] for b in bindings}
+    roles = [o for o in bootstrap if o["kind"] == "ClusterRole" and o["metadata"]["name"] in granted]
+    return [*(gang.crd(name) for name in names), *roles, *bindings]
 
 
 def default_profile(config: str) -> str:
