@@ -152,6 +152,14 @@ def job_file(tmp_path: Path, **change: Any) -> Path:
         ({"name": "All_Reduce"}, "name: 'All_Reduce' is not a job name"),
         ({"gpus": 8}, "gpus: unknown key"),
         ({"workers": 0}, "workers: Input should be greater than or equal to 1"),
+        ({"retries": -1}, "retries: Input should be greater than or equal to 0"),
+        ({"image": "registry.example.com/team/trainer"}, "is not pinned; write image:version"),
+        (
+            {"worker_cpu": "200"},
+            "worker_cpu 200 is more than a Standard_ND96isr_H100_v5 node of pool gpu has",
+        ),
+        ({"worker_memory": "lots"}, "worker_memory: 'lots' is not a memory quantity; write it like 512Mi"),
+        ({"worker_cpu": "500Mi"}, "worker_cpu: '500Mi' is not a CPU quantity"),
     ],
     ids=[
         "too many GPUs",
@@ -163,6 +171,11 @@ def job_file(tmp_path: Path, **change: Any) -> Path:
         "name",
         "unknown key",
         "no workers",
+        "negative retries",
+        "no tag",
+        "more CPU than a node",
+        "memory not a quantity",
+        "CPU in bytes",
     ],
 )
 def test_a_job_that_can_never_run_is_one_line_and_exit_2(
@@ -174,6 +187,30 @@ def test_a_job_that_can_never_run_is_one_line_and_exit_2(
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], result.output
+
+
+def test_a_retry_budget_restarts_the_whole_job(tmp_path: Path) -> None:
+    """retries is the launcher Job's backoffLimit; workers restart in their pods, so the launcher's
+    next try reaches every one of them (with Never, a killed worker would end the job for good)."""
+    _, spec, _ = planning.load(ROOT, "dev")
+    once = jobs.render(jobs.load(EXAMPLES[0]), spec)
+    assert once["spec"]["runPolicy"]["backoffLimit"] == 0  # no budget unless asked for
+    mpijob = jobs.render(jobs.load(job_file(tmp_path, retries=3)), spec)
+    assert mpijob["spec"]["runPolicy"]["backoffLimit"] == 3
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    assert replicas["Worker"]["restartPolicy"] == "OnFailure"
+    assert replicas["Launcher"]["restartPolicy"] == "OnFailure"
+    assert jobs.problems(mpijob, spec.kubernetes_version) == []
+
+
+def test_workers_may_ask_for_less_than_the_whole_node(tmp_path: Path) -> None:
+    """worker_cpu and worker_memory replace the whole node's CPU and memory; the GPUs stay whole."""
+    _, spec, _ = planning.load(ROOT, "dev")
+    mpijob = jobs.render(jobs.load(job_file(tmp_path, worker_cpu="500m", worker_memory="1Gi")), spec)
+    resources = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "8"}
+    assert resources["limits"] == {"memory": "1Gi", "nvidia.com/gpu": "8"}
+    assert jobs.millicores("1.5") == 1500 and jobs.mebibytes("2Gi") == 2048
 
 
 def test_the_cli_writes_the_mpijob(tmp_path: Path) -> None:

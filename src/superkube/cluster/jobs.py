@@ -14,6 +14,12 @@ PodGroup makes Coscheduling place all of them or none. The result is checked aga
 CRD schema (data/crds) and each pod template against the official pod schema of the cluster's
 version. A job that can never fit fails with one line.
 
+A job that fails (a worker lost or killed mid-run, so mpirun exits non-zero) is started again whole,
+`retries` times: the launcher is a batch Job whose backoffLimit is the MPIJob's runPolicy.backoffLimit,
+and each new launcher runs mpirun from the start on every worker. Workers restart OnFailure, so a
+worker whose SSH server died is back in its own pod for that next try, and one whose pod is gone is
+made again by the operator (and gang-scheduled as a member of the job's running PodGroup).
+
 The launcher is created at startup (launcherCreationPolicy AtStartup): with WaitForWorkersReady
 the launcher, a member of the gang, would wait for workers that themselves wait at Permit for the
 whole gang, launcher included, and the job would never start.
@@ -66,6 +72,24 @@ class JobSpec(BaseModel):
     schedule_timeout_seconds: int = Field(
         default=600, ge=1, description="How long the gang may wait to be placed before it is tried again."
     )
+    retries: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description=(
+            "Times the whole job is started again after it fails (a worker lost or killed mid-run, mpirun "
+            "exiting non-zero): the MPIJob's runPolicy.backoffLimit. Each retry runs mpirun from the "
+            "start on every worker; the program resumes from its own checkpoints."
+        ),
+    )
+    worker_cpu: str | None = Field(
+        default=None,
+        description="CPU each worker asks for (a Kubernetes quantity); default: the whole node's less the node agents'.",
+    )
+    worker_memory: str | None = Field(
+        default=None,
+        description="Memory each worker asks for and is held to (a Kubernetes quantity); default: the whole node's less the node agents'.",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Environment of every container.")
 
     @field_validator("name")
@@ -77,6 +101,20 @@ class JobSpec(BaseModel):
             )
         return v
 
+    @field_validator("worker_cpu")
+    @classmethod
+    def _cpu(cls, v: str | None) -> str | None:
+        if v is not None:
+            millicores(v)
+        return v
+
+    @field_validator("worker_memory")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is not None:
+            mebibytes(v)
+        return v
+
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
@@ -84,6 +122,36 @@ class JobSpec(BaseModel):
         if "@sha256:" not in v and (":" not in tag or tag.endswith(":latest")):
             raise ValueError(f"{v!r} is not pinned; write image:version or image@sha256:<digest>")
         return v
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+_FACTORS = {
+    "": 1.0,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def millicores(quantity: str) -> int:
+    """A CPU quantity (`2`, `500m`, `1.5`) in millicores, or ValueError saying how to write one."""
+    m = _QUANTITY.match(quantity)
+    if not m or m.group(2) not in (None, "m") or float(m.group(1)) <= 0:
+        raise ValueError(f"{quantity!r} is not a CPU quantity; write cores (2, 1.5) or millicores (500m)")
+    return round(float(m.group(1)) * (1 if m.group(2) == "m" else 1000))
+
+
+def mebibytes(quantity: str) -> float:
+    """A memory quantity (`512Mi`, `2Gi`, `1G`) in MiB, or ValueError saying how to write one."""
+    m = _QUANTITY.match(quantity)
+    if not m or m.group(2) == "m" or float(m.group(1)) <= 0:
+        raise ValueError(f"{quantity!r} is not a memory quantity; write it like 512Mi or 16Gi")
+    return float(m.group(1)) * _FACTORS[m.group(2) or ""] / 2**20
 
 
 def load(path: Path) -> JobSpec:
@@ -141,6 +209,16 @@ def _fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, vm: vmsizes.VmSize) -
             f"job {job.name}: {job.workers} workers, but pool {pool.name} holds at most {pool.nodes} nodes "
             "(one worker per node); use fewer workers or raise the pool's nodes"
         )
+    whole = vmsizes.fill_one_node(vm)
+    for what, given, most, unit in (
+        ("worker_cpu", job.worker_cpu, millicores(whole["cpu"]), millicores),
+        ("worker_memory", job.worker_memory, mebibytes(whole["memory"]), mebibytes),
+    ):
+        if given is not None and unit(given) > most:
+            raise JobError(
+                f"job {job.name}: {what} {given} is more than a {vm.name} node of pool {pool.name} has for "
+                f"pods ({whole[what.removeprefix('worker_')]}); ask for at most that, or leave {what} out"
+            )
     named = {t.team for t in spec.teams} - {teams.ANY}
     if spec.teams and job.team not in named:
         raise JobError(
@@ -162,6 +240,8 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
     vm = vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")
     _fits(job, spec, pool, vm)
     whole_node = vmsizes.fill_one_node(vm)
+    whole_node["cpu"] = job.worker_cpu or whole_node["cpu"]
+    whole_node["memory"] = job.worker_memory or whole_node["memory"]
     labels = {teams.TEAM_KEY: job.team, gang.POD_GROUP_LABEL: job.name}
     if job.borrow:
         labels[teams.BORROW_LABEL] = "true"
@@ -206,7 +286,7 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
             "mpiImplementation": job.mpi_implementation,
             "runPolicy": {
                 "cleanPodPolicy": "Running",
-                "backoffLimit": 0,
+                "backoffLimit": job.retries,
                 "schedulingPolicy": {
                     "minAvailable": job.workers + 1,
                     "scheduleTimeoutSeconds": job.schedule_timeout_seconds,
@@ -220,7 +300,9 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
                 },
                 "Worker": {
                     "replicas": job.workers,
-                    "restartPolicy": "Never",
+                    # a worker's SSH server that dies comes back in its pod (same name and IP), so the
+                    # launcher's next try reaches every worker; with Never it would stay down for good
+                    "restartPolicy": "OnFailure",
                     "template": {"metadata": {"labels": dict(labels)}, "spec": worker_spec},
                 },
             },
