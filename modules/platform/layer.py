@@ -16,15 +16,17 @@ import pulumi_kubernetes as k8s
 from modules.common import require
 from modules.platform.autoscaler import Autoscaler, AutoscalerArgs
 from modules.platform.balloons import Balloons, BalloonsArgs
+from modules.platform.dns import ClusterDns, ClusterDnsArgs
 from modules.platform.flowcontrol import NodeJoinFlow, NodeJoinFlowArgs
 from modules.platform.foundation import Foundation, FoundationArgs
 from modules.platform.gang import GangScheduling, GangSchedulingArgs
+from modules.platform.gpu_devices import GpuDevices, GpuDevicesArgs
 from modules.platform.join_tokens import JoinTokens, JoinTokensArgs
 from modules.platform.monitoring_access import MonitoringAccess, MonitoringAccessArgs
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.serving_certs import ServingCerts, ServingCertsArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
-from superkube.cluster import autoscaling
+from superkube.cluster import autoscaling, kube
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
 
@@ -51,7 +53,7 @@ class InClusterLayerArgs:
 
 
 class InClusterLayer(pulumi.ComponentResource):
-    """Provider, foundation (namespace, PriorityClasses), autoscaler, join flow control, balloons,
+    """Provider, foundation (namespace, PriorityClasses), cluster DNS, autoscaler, join flow control, balloons,
     the node agents, the monitoring hosts' access, and the kubelets' serving-certificate approver."""
 
     def __init__(
@@ -68,6 +70,17 @@ class InClusterLayer(pulumi.ComponentResource):
         inherit = pulumi.ResourceOptions(parent=self, providers=[self.provider])
         self.foundation = Foundation(f"{name}-foundation", FoundationArgs(), opts=inherit)
         after = pulumi.ResourceOptions.merge(inherit, pulumi.ResourceOptions(depends_on=[self.foundation]))
+        # the kubelets' clusterDNS address (the kubelet role's default, superkube.cluster.kube)
+        self.dns = ClusterDns(
+            f"{name}-dns",
+            ClusterDnsArgs(
+                service_ip=kube.service_ip(spec.service_cidr, kube.DNS_SERVICE_INDEX),
+                domain=kube.CLUSTER_DOMAIN,
+                pools=spec.node_pools,
+                replicas=spec.dns_replicas,
+            ),
+            opts=after,
+        )
         self.join_flow = NodeJoinFlow(
             f"{name}-flowcontrol", NodeJoinFlowArgs(shares=spec.apf_node_join_shares), opts=inherit
         )
@@ -95,6 +108,11 @@ class InClusterLayer(pulumi.ComponentResource):
             ),
             opts=after,
         )
+        self.gpu_devices = GpuDevices(
+            f"{name}-gpu-devices",
+            GpuDevicesArgs(pools=[pool.name for pool, _ in sized if pool.role == "gpu"]),
+            opts=after,
+        )
         self.monitoring_access = MonitoringAccess(
             f"{name}-monitoring-access", MonitoringAccessArgs(), opts=after
         )
@@ -116,8 +134,10 @@ class InClusterLayer(pulumi.ComponentResource):
             )
         components = [
             "foundation",
+            "dns",
             "flowcontrol",
             "balloons",
+            "gpu-devices",
             "node-health",
             "monitoring-access",
             "serving-certs",

@@ -370,32 +370,21 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         ],
         "securityContext": objects.restricted(),
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": objects.meta(name, COMPONENT, NAMESPACE),
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
-            "template": {
-                "metadata": {"labels": objects.labels(COMPONENT, name)},
-                "spec": {
-                    "serviceAccountName": base,
-                    "priorityClassName": NODE_AGENT_PRIORITY,
-                    "hostNetwork": True,
-                    "dnsPolicy": "ClusterFirstWithHostNet",
-                    "nodeSelector": selector,
-                    # on every node it selects: behind the preflight taint, cordoned, or tainted by its pool
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}},
-                        *([SCRATCH] if agent == "preflight" else []),
-                    ],
-                },
-            },
-        },
+    pod = {
+        "serviceAccountName": base,
+        "priorityClassName": NODE_AGENT_PRIORITY,
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": selector,
+        # on every node it selects: behind the preflight taint, cordoned, or tainted by its pool
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [container],
+        "volumes": [
+            {"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}},
+            *([SCRATCH] if agent == "preflight" else []),
+        ],
     }
+    return objects.daemonset(name, COMPONENT, NAMESPACE, pod)
 
 
 def _node_env(pool: PoolSpec, vm: VmSize) -> list[Manifest]:

@@ -82,6 +82,20 @@ def service_account_access(
     ]
 
 
+def daemonset(name: str, component: str, namespace: str, pod: dict[str, Any]) -> Manifest:
+    """A DaemonSet of `pod` (a pod spec) named `name`, rolled out a tenth of its nodes at a time."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta(name, component, namespace),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": label_value(name)}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}},
+            "template": {"metadata": {"labels": labels(component, name)}, "spec": pod},
+        },
+    }
+
+
 def type_token(api_version: str, kind: str) -> str:
     """The Kubernetes provider's type of a kind: the core group is `core`, every other its full name."""
     return f"kubernetes:{api_version if '/' in api_version else 'core/' + api_version}:{kind}"

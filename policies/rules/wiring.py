@@ -163,11 +163,42 @@ def _service_cidr(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator
         dns = r.var("kubelet", host, "kubelet_all_config").get("clusterDNS") or []
         if want and not all(ipaddress.ip_address(d) in ipaddress.ip_network(want) for d in dns):
             yield Finding(f"the kubelet's cluster DNS {dns} is outside the service range {want}", host.urn)
+        in_cluster = any(x.type.startswith("kubernetes:") for x in view.resources)
+        if in_cluster:  # a stack without the in-cluster layer serves DNS another way
+            served = _dns_served(view)
+            for address in dns:
+                if address not in served:
+                    yield Finding(
+                        f"the kubelets send every pod's DNS queries to {address}, where the in-cluster layer "
+                        f"serves none (it serves DNS at {', '.join(sorted(served)) or 'no address'})",
+                        host.urn,
+                    )
     routes = [
         p for _, p in network_routes(view) if str(p.get("nextHopType", "")).lower() == "virtualappliance"
     ]
     if not any(p.get("addressPrefix") == want for p in routes):
         yield Finding(f"no hub route sends the service range {want} to the NAT host")
+
+
+def _dns_served(view: StackView) -> set[str]:
+    """The cluster IPs where the layer serves DNS: a Service on 53/UDP and 53/TCP whose selector picks
+    the pods of a Deployment with replicas that runs CoreDNS."""
+    pods = []
+    for d in view.of_type("kubernetes:apps/v1:Deployment"):
+        spec = d.props.get("spec") or {}
+        template = spec.get("template") or {}
+        images = [str(c.get("image", "")) for c in (template.get("spec") or {}).get("containers") or []]
+        if spec.get("replicas", 1) and any("/coredns:" in i or i.startswith("coredns:") for i in images):
+            pods.append((template.get("metadata") or {}).get("labels") or {})
+    served = set()
+    for s in view.of_type("kubernetes:core/v1:Service"):
+        spec = s.props.get("spec") or {}
+        ports = {(p.get("port"), p.get("protocol", "TCP")) for p in spec.get("ports") or []}
+        selector = spec.get("selector") or {}
+        backed = selector and any(selector.items() <= labels.items() for labels in pods)
+        if {(53, "UDP"), (53, "TCP")} <= ports and backed and spec.get("clusterIP"):
+            served.add(str(spec["clusterIP"]))
+    return served
 
 
 @_rendering
@@ -432,8 +463,10 @@ RULES = [
         "wiring-service-cidr",
         "critical",
         "The service range is the same in the stack, the hub's route to the NAT host, the API server, "
-        "the controller-manager and the kubelets' cluster DNS.",
-        "Change superkube:service_cidr only, then write the inventory again; drop flag overrides of it.",
+        "the controller-manager and the kubelets' cluster DNS, which the in-cluster layer serves "
+        "(CoreDNS behind a Service at that address on 53/UDP and 53/TCP).",
+        "Change superkube:service_cidr only, then write the inventory again; drop flag overrides of it "
+        "and of the kubelets' cluster DNS, and keep the dns component in the in-cluster layer.",
         _service_cidr,
     ),
     Rule(

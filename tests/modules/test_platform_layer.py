@@ -58,6 +58,8 @@ def test_every_shipped_stack_renders_valid_objects(any_plan: Plan) -> None:
         "node-join-flow",
         "autoscaler",
         "balloons",
+        "cluster-dns",
+        "gpu-devices",
         "node-health",
         "monitoring-access",
         "serving-certs",
@@ -276,7 +278,7 @@ def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan
     from superkube.cluster.monitoring import jobs
 
     gpu_pools = [p for p in any_plan.spec.node_pools if p.role == "gpu"]
-    sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet")}
+    sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet", "node-health")}
     assert set(sets) == {f"superkube-{a}-{p.name}" for a in ("node-health", "preflight") for p in gpu_pools}
     (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
     ports = set()

@@ -26,13 +26,15 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
         "00-foundation.yaml",
         "01-autoscaler.yaml",
         "02-balloons.yaml",
-        "03-gang-scheduling.yaml",
-        "04-join-tokens.yaml",
-        "05-monitoring-access.yaml",
-        "06-node-health.yaml",
-        "07-node-join-flow.yaml",
-        "08-serving-certs.yaml",
-        "09-team-capacity.yaml",
+        "03-cluster-dns.yaml",
+        "04-gang-scheduling.yaml",
+        "05-gpu-devices.yaml",
+        "06-join-tokens.yaml",
+        "07-monitoring-access.yaml",
+        "08-node-health.yaml",
+        "09-node-join-flow.yaml",
+        "10-serving-certs.yaml",
+        "11-team-capacity.yaml",
     ]
     for path in out.iterdir():
         docs = list(yaml.safe_load_all(path.read_text()))
@@ -45,7 +47,7 @@ def test_render_writes_one_valid_file_per_component(tmp_path: Path) -> None:
 def test_render_to_stdout_names_each_component() -> None:
     result = CliRunner().invoke(app, ["render"])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("# component: ") == 10
+    assert result.stdout.count("# component: ") == 12
     kinds = {d["kind"] for d in yaml.safe_load_all(result.stdout) if d}
     assert {"Deployment", "DaemonSet", "PriorityClass", "FlowSchema", "ClusterRole"} <= kinds
 

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from modules.platform import serving_certs
-from superkube.cluster import join
+from superkube.cluster import dns, join
 
 Doc = dict[str, Any]
 VM = "azure-native:compute:VirtualMachine"
@@ -401,6 +401,22 @@ def drop_the_serving_approver(doc: Doc) -> None:
         r for r in doc["resources"]
         if not (r["type"] == "kubernetes:apps/v1:Deployment"
                 and r["inputs"]["metadata"]["name"] == serving_certs.NAME)
+    ]  # fmt: skip
+
+
+def dns_service_elsewhere(doc: Doc) -> None:
+    """The layer's DNS Service at another address of the service range than the kubelets'."""
+    (service,) = [
+        r for r in of(doc, "kubernetes:core/v1:Service") if r["inputs"]["metadata"]["name"] == dns.SERVICE
+    ]
+    service["inputs"]["spec"]["clusterIP"] = "10.128.0.53"
+
+
+def drop_the_dns_deployment(doc: Doc) -> None:
+    """The layer's DNS Service with no CoreDNS behind it."""
+    doc["resources"] = [
+        r for r in doc["resources"]
+        if not (r["type"] == "kubernetes:apps/v1:Deployment" and r["inputs"]["metadata"]["name"] == dns.NAME)
     ]  # fmt: skip
 
 

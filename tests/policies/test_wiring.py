@@ -84,6 +84,15 @@ CASES: list[
         "wiring-service-cidr",
     ),
     (
+        "inventory: cluster DNS where the layer serves none",
+        None,
+        _inventory_var("superkube_dns_ip", "10.128.0.11"),
+        {},
+        "wiring-service-cidr",
+    ),
+    ("plan: the DNS Service elsewhere", m.dns_service_elsewhere, None, {}, "wiring-service-cidr"),
+    ("plan: no CoreDNS behind the Service", m.drop_the_dns_deployment, None, {}, "wiring-service-cidr"),
+    (
         "group var: etcd client port",
         None,
         None,

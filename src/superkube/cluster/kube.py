@@ -49,10 +49,11 @@ CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
 # The host-network pods a serving node runs, by pool role: they count against its pod limit but take
-# no pod IP. A GPU node runs the health agent (modules/platform/node_health). Preflight, the other
-# host-network agent, runs only while the node is behind the preflight taint, when no pod that needs
-# an IP lands; counting it would let the scheduler place one pod more than the NIC has IPs for.
-HOST_NETWORK_PODS = {"gpu": 1, "cpu": 0}
+# no pod IP. A GPU node runs the health agent (modules/platform/node_health) and NVIDIA's device
+# plugin (modules/platform/gpu_devices). Preflight, the other host-network agent, runs only while the
+# node is behind the preflight taint, when no pod that needs an IP lands; counting it would let the
+# scheduler place one pod more than the NIC has IPs for.
+HOST_NETWORK_PODS = {"gpu": 2, "cpu": 0}
 # Kubelet values only the lab sets (its hosts share a kernel that mounts cgroup v1 controllers, which
 # Kubernetes 1.35 refuses by default); the wiring-lab-only rule keeps them out of every stack.
 LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}

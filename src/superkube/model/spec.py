@@ -553,6 +553,12 @@ class ClusterSpec(_Model):
         le=1000,
         description="nominalConcurrencyShares of the priority level that node bootstrap and registration requests queue in (1: a join storm keeps other clients' p99 within 2x; bench/join_flow.py).",
     )
+    dns_replicas: int = Field(
+        default=2,
+        ge=2,
+        le=1000,
+        description="CoreDNS replicas serving cluster DNS, each on a node of its own (docs/04-in-cluster-layer.md sizes them).",
+    )
     in_cluster_layer: bool = Field(
         default=True,
         description="Deploy the in-cluster layer with this pulumi up; set false for a cluster's first pulumi up, before superkube converge has made its control plane.",
