@@ -22,6 +22,7 @@ from superkube.plan.engine import Plan
 from tests.conftest import ROOT
 
 EXAMPLES = sorted((ROOT / "examples" / "jobs").glob("*.yaml"))
+ALLREDUCE = ROOT / "examples" / "jobs" / "allreduce.yaml"
 PODGROUP_SPEC_V1ALPHA1 = {"minMember", "minResources", "scheduleTimeoutSeconds"}
 PODGROUP_STATUS_V1ALPHA1 = {"phase", "occupiedBy", "running", "succeeded", "failed", "scheduleStartTime"}
 
@@ -99,7 +100,12 @@ def test_each_example_renders_one_valid_gang_of_whole_nodes(path: Path) -> None:
     worker = replicas["Worker"]["template"]["spec"]
     requests = worker["containers"][0]["resources"]["requests"]
     assert requests["nvidia.com/gpu"] == str(vm.gpus)  # the whole node's GPUs
-    assert requests == vmsizes.fill_one_node(vm)
+    whole = vmsizes.fill_one_node(vm)  # and its CPU and memory, unless the job asks for less
+    assert requests == {
+        **whole,
+        "cpu": job.worker_cpu or whole["cpu"],
+        "memory": job.worker_memory or whole["memory"],
+    }
     assert mpijob["spec"]["slotsPerWorker"] == (job.gpus_per_worker or vm.gpus)
     for role in ("Launcher", "Worker"):
         template = replicas[role]["template"]
@@ -111,7 +117,7 @@ def test_each_example_renders_one_valid_gang_of_whole_nodes(path: Path) -> None:
 
 def test_the_mpijob_schema_is_strict_and_the_templates_are_pod_checked() -> None:
     _, spec, _ = planning.load(ROOT, "dev")
-    mpijob = jobs.render(jobs.load(EXAMPLES[0]), spec)
+    mpijob = jobs.render(jobs.load(ALLREDUCE), spec)
     bad = yaml.safe_load(yaml.safe_dump(mpijob))
     bad["spec"]["slotsPerWorkr"] = 8
     assert any("unknown field" in p for p in jobs.problems(bad, "1.35.0"))
@@ -130,7 +136,7 @@ def test_the_mpijob_schema_is_strict_and_the_templates_are_pod_checked() -> None
 
 
 def job_file(tmp_path: Path, **change: Any) -> Path:
-    base = yaml.safe_load(EXAMPLES[0].read_text())
+    base = yaml.safe_load(ALLREDUCE.read_text())
     base.update(change)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(base))
@@ -193,7 +199,7 @@ def test_a_retry_budget_restarts_the_whole_job(tmp_path: Path) -> None:
     """retries is the launcher Job's backoffLimit; workers restart in their pods, so the launcher's
     next try reaches every one of them (with Never, a killed worker would end the job for good)."""
     _, spec, _ = planning.load(ROOT, "dev")
-    once = jobs.render(jobs.load(EXAMPLES[0]), spec)
+    once = jobs.render(jobs.load(ALLREDUCE), spec)
     assert once["spec"]["runPolicy"]["backoffLimit"] == 0  # no budget unless asked for
     mpijob = jobs.render(jobs.load(job_file(tmp_path, retries=3)), spec)
     assert mpijob["spec"]["runPolicy"]["backoffLimit"] == 3
@@ -215,7 +221,7 @@ def test_workers_may_ask_for_less_than_the_whole_node(tmp_path: Path) -> None:
 
 def test_the_cli_writes_the_mpijob(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        app, ["job", "render", str(EXAMPLES[0]), "--stack", "dev", "--project", str(ROOT)]
+        app, ["job", "render", str(ALLREDUCE), "--stack", "dev", "--project", str(ROOT)]
     )
     assert result.exit_code == 0, result.output
     (doc,) = list(yaml.safe_load_all(result.output))

@@ -33,10 +33,13 @@ def test_the_components_are_read_from_the_roles_pins() -> None:
     assert "-X k8s.io/component-base/version.gitVersion=v1.34.7" in plugins.ldflags
     # kwok is the lab's, not the roles': pinned in the build, never installed on the lab's hosts
     assert got["kwok"].version == build.KWOK_VERSION and "kwok" not in build.HOST_COMPONENTS
-    # the gang controllers: the scheduler's pin and the layer's, run beside the lab, not on its hosts
+    # the gang controllers and cluster DNS: the scheduler's pin, the layer's and kubeadm 1.35's, made
+    # into the images the lab's nodes import, never installed on its hosts
     assert got["scheduler-plugins-controller"].version == plugins.version
     assert got["mpi-operator"].version == "v0.8.2"
-    assert not {"scheduler-plugins-controller", "mpi-operator"} & set(build.HOST_COMPONENTS)
+    assert got["coredns"].version == "v1.13.1"
+    assert set(build.IMAGE_COMPONENTS) == {"coredns", "scheduler-plugins-controller", "mpi-operator"}
+    assert not set(build.IMAGE_COMPONENTS) & set(build.HOST_COMPONENTS)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from modules.platform import node_health
+from modules.platform import gpu_devices, node_health
 from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_probe
 from superkube.cli import app
 from superkube.lab import agent_pods, layer
@@ -75,6 +75,7 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
         node_health.HEALTH_CONTROLLER,
         *(f"{a}-{p}" for a in (node_health.HEALTH, node_health.PREFLIGHT) for p in pools),
         *(f"balloon-{p.name}" for p in flagship_plan.spec.node_pools),
+        *(f"{gpu_devices.NAME}-{p}" for p in pools),
     }
     for p in flagship_plan.spec.node_pools:  # balloons: the replicas, and nothing else
         before, after = changed[f"balloon-{p.name}"]
@@ -112,6 +113,20 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
             }
             assert {k: ds_after["spec"]["template"]["spec"][k] for k in keep} == keep
             assert ds_after["metadata"] == ds_before["metadata"]
+    # NVIDIA's device plugin: the lab's, on the node's reading, in the plan's pod otherwise
+    before, after = changed[f"{gpu_devices.NAME}-{pools[0]}"]
+    (plugin,) = after["spec"]["template"]["spec"]["containers"]
+    assert before["spec"]["template"]["spec"]["containers"][0]["image"] == gpu_devices.IMAGE
+    assert plugin["image"] == agent_pods.device_plugin_ref() and plugin["image"].startswith(
+        "superkube.local/"
+    )
+    assert f"--reading={agent_pods.MOUNT}/{Path(agent_pods.READING).name}" in plugin["command"]
+    assert plugin["securityContext"]["runAsUser"] == 0
+    pod_before, pod_after = before["spec"]["template"]["spec"], after["spec"]["template"]["spec"]
+    assert {k: v for k, v in pod_after.items() if k not in ("containers", "volumes")} == {
+        k: v for k, v in pod_before.items() if k not in ("containers", "volumes")
+    }
+    assert plugin["volumeMounts"][0] == before["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
     _, controller = changed[node_health.HEALTH_CONTROLLER]
     assert (
         f"--max-cordoned-share={agent_pods.BREAKER_SHARE}"

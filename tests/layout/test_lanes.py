@@ -52,3 +52,4 @@ def test_every_lab_module_runs_in_its_shapes_place() -> None:
 
 def test_the_lab_lane_builds_what_lab_up_boots() -> None:
     assert runner().HOST_COMPONENTS == build.HOST_COMPONENTS
+    assert runner().IMAGE_COMPONENTS == build.IMAGE_COMPONENTS

@@ -86,6 +86,12 @@ class JobSpec(BaseModel):
         default=None,
         description="CPU each worker asks for (a Kubernetes quantity); default: the whole node's less the node agents'.",
     )
+    launcher_cpu: str = Field(
+        default="1", description="CPU the launcher (mpirun) asks for (a Kubernetes quantity)."
+    )
+    launcher_memory: str = Field(
+        default="2Gi", description="Memory the launcher asks for and is held to (a Kubernetes quantity)."
+    )
     worker_memory: str | None = Field(
         default=None,
         description="Memory each worker asks for and is held to (a Kubernetes quantity); default: the whole node's less the node agents'.",
@@ -101,14 +107,14 @@ class JobSpec(BaseModel):
             )
         return v
 
-    @field_validator("worker_cpu")
+    @field_validator("worker_cpu", "launcher_cpu")
     @classmethod
     def _cpu(cls, v: str | None) -> str | None:
         if v is not None:
             millicores(v)
         return v
 
-    @field_validator("worker_memory")
+    @field_validator("worker_memory", "launcher_memory")
     @classmethod
     def _memory(cls, v: str | None) -> str | None:
         if v is not None:
@@ -253,7 +259,10 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
                 "launcher",
                 job,
                 job.command,
-                {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+                {
+                    "requests": {"cpu": job.launcher_cpu, "memory": job.launcher_memory},
+                    "limits": {"memory": job.launcher_memory},
+                },
             )
         ],
         "tolerations": tolerations,

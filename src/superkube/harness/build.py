@@ -52,6 +52,7 @@ from typing import Any
 
 import yaml
 
+from superkube.cluster.dns import COREDNS_MODULE, COREDNS_VERSION
 from superkube.cluster.gang import MPI_OPERATOR_VERSION, RELEASES, scheduler_plugins_version
 
 CACHE_DIR = Path(os.environ.get("SUPERKUBE_BUILD_CACHE", "/var/cache/superkube/build"))
@@ -88,11 +89,16 @@ NAMES = (
     "kwok",
     "scheduler-plugins-controller",
     "mpi-operator",
+    "coredns",
 )
 HOST_COMPONENTS = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc")
-"""what `lab up` gives the lab's hosts. Not kwok (it runs beside the lab, against its API server), nor
-the gang controllers: in production they are the in-cluster layer's pods, in the lab host processes
-beside the API server (`superkube.harness.gang`)."""
+"""what `lab up` gives the lab's hosts as programs. Not kwok (it runs beside the lab, against its API
+server)."""
+IMAGE_COMPONENTS = ("coredns", "scheduler-plugins-controller", "mpi-operator")
+"""what `lab up` makes into images its nodes import under the names the in-cluster layer pins
+(superkube.lab.images): cluster DNS and the gang controllers run as the layer's pods there. The
+loopback harness runs the gang controllers as host processes (`superkube.harness.gang`)."""
+LAB_COMPONENTS = HOST_COMPONENTS + IMAGE_COMPONENTS
 KWOK_VERSION = "v0.8.0"
 """kwok simulates Nodes (and their pods) against the lab's real API server: a lab-only tool, never
 installed by the roles, so it is pinned here rather than in the release file"""
@@ -151,6 +157,7 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
         "kwok": KWOK_VERSION,
         "scheduler-plugins-controller": scheduler_plugins_version(pinned["version"]),
         "mpi-operator": f"v{MPI_OPERATOR_VERSION}",
+        "coredns": COREDNS_VERSION,
     }
     unknown = sorted(set(pins or {}) - set(versions))  # kubernetes-node follows kubernetes' pin
     if unknown:
@@ -247,6 +254,12 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
             module="github.com/kubeflow/mpi-operator",
             version=versions["mpi-operator"],
             binaries={"mpi-operator": "github.com/kubeflow/mpi-operator/cmd/mpi-operator"},
+        ),
+        Component(  # cluster DNS, at the release kubeadm installs; no replace directives either
+            name="coredns",
+            module=COREDNS_MODULE,
+            version=versions["coredns"],
+            binaries={"coredns": COREDNS_MODULE},
         ),
     ]
 

@@ -14,6 +14,11 @@ everything it changes is listed here, and nowhere else:
 - The health controller's breaker at BREAKER_SHARE: the lab's GPU pool has two nodes, and the
   flagship's 5 % would never let health cordon one of them.
 - The periodic GPU test's CronJob is left out: its image and its GPUs do not exist here.
+- NVIDIA's device plugin (the gpu-devices DaemonSet) is the lab's own (images/lab-device-plugin):
+  it registers the GPUs of the node's READING with the kubelet's device plugin API, as NVIDIA's
+  registers the GPUs NVML finds, so a GPU node advertises its pool's `nvidia.com/gpu` count (one
+  fewer when the reading says a GPU is gone, a GPU with an Xid error Unhealthy), and jobs that ask
+  for whole nodes' GPUs are placed as on Azure. It reads READING through the same hostPath mount.
 - Balloons at no replicas. Each asks for a whole node of its pool (GPUs included), which no lab node
   has; at the plan's count (the pool's maximum) they would be thousands of Pending pods.
 """
@@ -21,6 +26,7 @@ everything it changes is listed here, and nowhere else:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -80,6 +86,14 @@ def _flags(command: list[str], replace: dict[str, str]) -> list[str]:
     return out + [f"--{name}={value}" for name, value in replace.items()]
 
 
+@functools.cache
+def device_plugin_ref() -> str:
+    """The lab device plugin image's name (built by `lab up`; made here from the cache)."""
+    from superkube.lab import images
+
+    return images.lab_device_plugin().ref
+
+
 def left_out(obj: dict[str, Any]) -> bool:
     """An object the lab cannot run: the periodic GPU test (its CUDA image, its GPUs)."""
     from modules.platform import node_health
@@ -90,7 +104,7 @@ def left_out(obj: dict[str, Any]) -> bool:
 
 def lab_only(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as the lab runs it (see the module's list); any other object is returned as it is."""
-    from modules.platform import balloons, node_health
+    from modules.platform import balloons, gpu_devices, node_health
 
     kind, name = obj.get("kind"), str((obj.get("metadata") or {}).get("name", ""))
     agent = next((a for a in (node_health.PREFLIGHT, node_health.HEALTH) if name.startswith(f"{a}-")), None)
@@ -104,6 +118,29 @@ def lab_only(obj: dict[str, Any]) -> dict[str, Any]:
             container["image"] = AGENTS_IMAGE
             container["resources"] = copy.deepcopy(node_health.AGENT_RESOURCES)
         container["command"] = _flags(container["command"], flags)
+        container["volumeMounts"] = [
+            *container.get("volumeMounts", []),
+            {"name": "lab-reading", "mountPath": MOUNT, "readOnly": True},
+        ]
+        pod["volumes"] = [
+            *pod.get("volumes", []),
+            {"name": "lab-reading", "hostPath": {"path": READING_DIR, "type": "DirectoryOrCreate"}},
+        ]
+        return out
+    if kind == "DaemonSet" and name.startswith(f"{gpu_devices.NAME}-"):
+        out = copy.deepcopy(obj)
+        pod = out["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        container["image"] = device_plugin_ref()
+        container["command"] = [
+            "/lab-device-plugin",
+            f"--reading={MOUNT}/{Path(READING).name}",
+            f"--interval={ROUND_S}s",
+        ]
+        container.pop("env", None)
+        # root, as NVIDIA's image runs: the kubelet's plugin directory and socket are root's (the lab
+        # image's default user is nobody)
+        container["securityContext"] = {**container.get("securityContext", {}), "runAsUser": 0}
         container["volumeMounts"] = [
             *container.get("volumeMounts", []),
             {"name": "lab-reading", "mountPath": MOUNT, "readOnly": True},

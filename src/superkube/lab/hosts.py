@@ -37,7 +37,8 @@ from typing import Any
 
 from superkube.cluster.kube import APISERVERS
 from superkube.fleet.converge import CURRENT_INVENTORY, clear_current_inventory
-from superkube.lab import loadbalancer
+from superkube.harness import build
+from superkube.lab import loadbalancer, trainer_image
 from superkube.lab.errors import LabError
 from superkube.lab.fabric import (
     assign_secondary_ips,
@@ -90,7 +91,12 @@ def up(
         # hosts get none (converge leaves a component the lab has no build of stopped)
         builds.pop("kube-proxy", None)
     progress("the node images (OCI archives)", 0.55)
-    images = lab_images(base)
+    images = lab_images(base, lambda what: progress(what, 0.55))
+    try:
+        trainer = trainer_image.trainer(lambda what, f: progress(what, 0.55))
+    except build.BuildError as exc:
+        raise LabError(f"lab up needs its node images: {exc}") from None
+    images[trainer.name] = trainer.as_fact()
     state_dir.mkdir(parents=True, exist_ok=True)
     progress("planning the stack's cloud-init and NICs", 0.6)
     cloud_init, pools = pool_facts()

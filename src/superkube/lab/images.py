@@ -156,7 +156,8 @@ def oci_archive(
 
 
 def _go_build(source: Path, out: Path) -> None:
-    """A static binary from one of our own Go programs (no dependencies: nothing to download)."""
+    """A static binary from one of our own Go programs (its dependencies, if any, from the module
+    proxy at its go.sum's pins)."""
     go = build.go_binary()  # the components' pinned Go
     env = {
         **build.go_env(go),
@@ -199,3 +200,73 @@ def pause(cache_dir: Path = build.CACHE_DIR) -> Image:
 def netload(cache_dir: Path = build.CACHE_DIR) -> Image:
     """A pod that measures its network (images/netload): the lab's egress-limit and Service tests."""
     return go_image("netload", cache_dir)
+
+
+def lab_device_plugin(cache_dir: Path = build.CACHE_DIR) -> Image:
+    """The lab's stand-in for NVIDIA's device plugin (images/lab-device-plugin): advertises the GPUs of
+    a lab GPU node's reading to its kubelet (superkube.lab.agent_pods)."""
+    return go_image("lab-device-plugin", cache_dir)
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A pinned component's release image: its name, where its binary lies in it, as which user."""
+
+    component: str  # superkube.harness.build's name of the component
+    binary: str  # the binary of that component
+    ref: str  # the name the in-cluster layer pins
+    path: str  # where the release image puts the binary (its entrypoint)
+    user: str = "65532:65532"
+
+
+def pinned_images() -> list[Pinned]:
+    """The release images the lab makes from the components' builds, under the names the layer pins:
+    cluster DNS and the two gang controllers (each release image holds the one static binary)."""
+    from superkube.cluster import dns, gang
+
+    return [
+        Pinned("coredns", "coredns", dns.COREDNS_IMAGE, "/coredns"),
+        Pinned(
+            "scheduler-plugins-controller",
+            "controller",
+            gang.controller_image(build.release()["version"]),
+            "/bin/controller",
+        ),
+        Pinned("mpi-operator", "mpi-operator", gang.MPI_OPERATOR_IMAGE, "/opt/mpi-operator"),
+    ]
+
+
+def normalized(ref: str) -> str:
+    """An image name as the kubelet asks containerd for it: a name without a registry is Docker Hub's
+    (`mpioperator/mpi-operator:0.8.2` is `docker.io/mpioperator/mpi-operator:0.8.2`), and an image
+    imported under the short name is not found by the long one."""
+    first, _, rest = ref.partition("/")
+    if not rest:
+        return f"docker.io/library/{ref}"
+    if "." in first or ":" in first or first == "localhost":
+        return ref
+    return f"docker.io/{ref}"
+
+
+def component_image(pinned: Pinned, binary: Path, cache_dir: Path = build.CACHE_DIR) -> Image:
+    """`binary` as the image `pinned` names (imported under its normalized name). Cached by the
+    binary's digest: the archive is made once per build, and a later lab finds it with its facts."""
+    ref = normalized(pinned.ref)
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+    where = cache_dir / "images" / pinned.component / digest[:16]
+    facts = where / "image.json"
+    if facts.is_file():
+        known = json.loads(facts.read_text())
+        archive = Path(known["path"])
+        if known.get("ref") == ref and archive.is_file():
+            return Image(pinned.component, ref, archive, known["sha256"], known["digest"])
+    image = oci_archive(
+        pinned.component,
+        {pinned.path: (binary.read_bytes(), 0o755)},
+        [pinned.path],
+        where,
+        ref=ref,
+        user=pinned.user,
+    )
+    facts.write_text(json.dumps(image.as_fact(), sort_keys=True))
+    return image

@@ -89,19 +89,32 @@ def image_key() -> str:
 
 def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
     """debootstrap the base image once; later labs reuse it from the cache."""
-    final = cache_dir / image_key()
+    return debootstrap(image_key(), BASE_PACKAGES, _finish_base, progress, cache_dir, "base image")
+
+
+def debootstrap(
+    key: str,
+    packages: tuple[str, ...],
+    finish: Callable[[Path], None],
+    progress: Progress,
+    cache_dir: Path = CACHE_DIR,
+    what: str = "image",
+) -> Path:
+    """A minimal Debian root with `packages` (their dependencies too), `finish`ed, cached as `key`:
+    built in a sibling folder and renamed into place, so an interrupted build never looks done."""
+    final = cache_dir / key
     if (final / ".superkube-complete").is_file():
-        progress("base image cached", 1.0)
+        progress(f"{what} cached", 1.0)
         return final / "rootfs"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = cache_dir / f".{image_key()}.building"
+    tmp = cache_dir / f".{key}.building"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     progress("debootstrap: fetching Debian packages", 0.05)
     cmd = [
         "debootstrap",
         "--variant=minbase",
-        f"--include={','.join(BASE_PACKAGES)}",
+        f"--include={','.join(packages)}",
         SUITE,
         str(tmp / "rootfs"),
         debian_mirror(),
@@ -116,7 +129,14 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise LabError("debootstrap failed; check the mirror (SUPERKUBE_LAB_MIRROR) and free disk space")
-    root = tmp / "rootfs"
+    finish(tmp / "rootfs")
+    (tmp / ".superkube-complete").write_text(json.dumps({"packages": sorted(packages), "key": key}))
+    os.replace(tmp, final)
+    progress(f"{what} built", 1.0)
+    return final / "rootfs"
+
+
+def _finish_base(root: Path) -> None:
     for key in (root / "etc" / "ssh").glob("ssh_host_*"):
         key.unlink()  # every host gets its own host keys
     (root / "etc" / "machine-id").write_text("")
@@ -132,23 +152,30 @@ def build_base_image(progress: Progress, cache_dir: Path = CACHE_DIR) -> Path:
     # its own units.
     for unit in ("prometheus.service", "victoria-metrics.service"):
         (root / "etc" / "systemd" / "system" / "multi-user.target.wants" / unit).unlink(missing_ok=True)
-    (tmp / ".superkube-complete").write_text(
-        json.dumps({"packages": sorted(BASE_PACKAGES), "recipe": IMAGE_RECIPE})
-    )
-    os.replace(tmp, final)
-    progress("base image built", 1.0)
-    return final / "rootfs"
 
 
-def lab_images(base_root: Path) -> dict[str, dict[str, str]]:
-    """The images the lab's nodes import, built from the project's own sources and cached beside the
-    components' builds: the sandbox, netload, and the agents' image (on the lab's base image
-    `base_root`), imported under the name the layer pins, so the layer's agents start on the lab's
-    nodes as they would from a registry."""
+def lab_images(
+    base_root: Path, progress: Callable[[str], None] = lambda what: None
+) -> dict[str, dict[str, str]]:
+    """The images the lab's nodes import, built here and cached beside the components' builds.
+    From the project's own sources: the sandbox, netload, the lab's device plugin, the agents' image
+    (on the lab's base image `base_root`); the trainer image the lab's example MPI jobs run (on a
+    Debian root of its own) is superkube.lab.trainer_image's. From the pinned components' builds (built first where missing): cluster
+    DNS and the gang controllers. The agents', cluster DNS's and the controllers' are imported under
+    the names the layer pins, so the layer's pods start on the lab's nodes as from a registry."""
     from superkube.lab import agents_image, images
 
+    pinned = images.pinned_images()
     try:
-        built = [images.pause(), images.netload(), agents_image.agents(base_root)]
+        built = [images.pause(), images.netload(), images.lab_device_plugin(), agents_image.agents(base_root)]
+        results = build.build_all(
+            [c for c in build.components() if c.name in build.IMAGE_COMPONENTS],
+            lambda component, what: progress(f"{component}: {what}"),
+        )
+        binaries = {b.component.name: b for b in results}
+        for p in pinned:
+            progress(f"image {p.ref}")
+            built.append(images.component_image(p, binaries[p.component].binary(p.binary)))
         return {image.name: image.as_fact() for image in built}
     except build.BuildError as exc:
         raise LabError(f"lab up needs its node images: {exc}") from None
