@@ -66,4 +66,6 @@ bench: install-test debian-deps
 	$(BIN)/python bench/build.py
 	$(BIN)/python bench/agents_at_scale.py
 	$(BIN)/python bench/real_nodes.py
+	$(BIN)/python bench/training_job.py
+	$(BIN)/python bench/dns.py
 	$(BIN)/python bench/figures.py --write

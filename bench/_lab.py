@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from superkube.fleet import converge as fleet
 from superkube.lab import hosts as lab
+from superkube.lab import layer
 from superkube.lab.state import Lab
 
 
@@ -25,3 +27,13 @@ def converged(hosts: str, tags: str) -> Iterator[Lab]:
         raise SystemExit(str(e)) from None
     finally:
         lab.down()
+
+
+def kubectl(fleet: Lab, *args: str, stdin: str | None = None, timeout: float = 300) -> str:
+    """The lab's kubectl as its admin; a refusal exits with kubectl's own words."""
+    proc = subprocess.run(
+        [*layer.kubectl(fleet), *args], input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout

@@ -151,6 +151,8 @@ def summary_table() -> str:
         *_autoscaler_rows(),
         *_agents_rows(),
         *_real_nodes_rows(),
+        *_training_job_rows(),
+        *_dns_rows(),
         *_scale_out_rows(),
         *_ci_rows(),
         (
@@ -259,6 +261,58 @@ def _real_nodes_rows() -> list[tuple[str, str, str]]:
                 ", ".join(f"{1000 * v:.0f}" for v in real["run_podsandbox_s"]["stock_bridge"]),
             ),
             "real_nodes.json",
+        ),
+    ]
+
+
+def _training_job_rows() -> list[tuple[str, str, str]]:
+    """The lab's example MPI job on its real nodes (bench/training_job.py)."""
+    job = results("training_job")
+    return [
+        (
+            f"an MPI job (launcher + 2 workers) through the real operator, gang scheduler and kubelets: "
+            f"submit -> every pod Running / -> Succeeded, p50 / p99 of {len(job['runs'])} runs",
+            f"{job['running_p50_s']:.1f} / {job['running_p99_s']:.1f} s; "
+            f"{job['succeeded_p50_s']:.1f} / {job['succeeded_p99_s']:.1f} s",
+            "training_job.json",
+        ),
+        (
+            f"a pod's DNS lookup of a Service through the layer's CoreDNS: p50 / p99 of {job['dns_lookups']:,}",
+            f"{job['dns_p50_ms']:.2f} / {job['dns_p99_ms']:.2f} ms",
+            "training_job.json",
+        ),
+    ]
+
+
+def _dns_rows() -> list[tuple[str, str, str]]:
+    """The layer's CoreDNS with the flagship's objects (bench/dns.py)."""
+    got = results("dns")
+    first, again = got["job_start"]
+    return [
+        (
+            f"CoreDNS {got['coredns']} resident: the layer's Services / the flagship's "
+            f"({got['objects']['services']:,} Services, {got['objects']['endpoints']:,} endpoints)",
+            f"{got['rss_mib']['layer_only']:.0f} / {got['rss_mib']['flagship_loaded']:.0f} MiB (limit 170 MiB)",
+            "dns.json",
+        ),
+        (
+            f"a {got['workers_per_job']:,}-worker job's hostfile through a pod's resolver (ndots:5): "
+            "queries / sent to the node's resolver",
+            f"{first['hostfile_queries']:,.0f} / {first['hostfile_forwarded']:,.0f}",
+            "dns.json",
+        ),
+        (
+            f"{first['outside_names']} names outside the cluster: queries / sent upstream, first and "
+            "again within the cache's 30 s",
+            f"{first['outside_queries']:,.0f} / {first['outside_forwarded']:,.0f}, "
+            f"then {again['outside_queries']:,.0f} / {again['outside_forwarded']:,.0f}",
+            "dns.json",
+        ),
+        (
+            "CoreDNS capacity: queries per CPU-second (a Service's name); one client's p50 / p99",
+            f"{got['capacity']['queries_per_cpu_s']:,}; {got['capacity']['p50_ms']:.2f} / "
+            f"{got['capacity']['p99_ms']:.2f} ms",
+            "dns.json",
         ),
     ]
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from bench._lab import converged  # noqa: E402
+from bench._lab import converged, kubectl  # noqa: E402
 from superkube.lab import layer, machines, nodes  # noqa: E402
 from superkube.lab.state import Lab  # noqa: E402
 
@@ -44,15 +43,6 @@ spec:
   containers:
   - {{name: main, image: "{image}", imagePullPolicy: Never}}
 """
-
-
-def kubectl(fleet: Lab, *args: str, stdin: str | None = None) -> str:
-    proc = subprocess.run(
-        [*layer.kubectl(fleet), *args], input=stdin, capture_output=True, text=True, timeout=300
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
-    return proc.stdout
 
 
 def delete_pods(fleet: Lab) -> None:
