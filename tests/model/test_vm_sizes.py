@@ -57,8 +57,12 @@ def test_a_one_node_stack_on_an_nc24ads_a100_v4_plans_with_its_facts(
         "memory": f"{220 * 1024 - overhead_mib}Mi",
         "nvidia.com/gpu": "1",
     }
-    agents = [d for d in plan.of_type("kubernetes:apps/v1:DaemonSet") if d.name.endswith("-gpu")]
+    daemonsets = [d for d in plan.of_type("kubernetes:apps/v1:DaemonSet") if d.name.endswith("-gpu")]
+    agents = [
+        d for d in daemonsets if "nvidia-device-plugin" not in d.name
+    ]  # NVIDIA's plugin reads the GPUs itself
     assert {d.name.rsplit("-", 2)[-2] for d in agents} == {"health", "preflight"}
+    assert len(daemonsets) == len(agents) + 1
     for daemonset in agents:
         env = {
             e["name"]: e.get("value")
