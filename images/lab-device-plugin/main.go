@@ -20,7 +20,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -75,7 +74,7 @@ func (p *plugin) refresh() {
 		return
 	}
 	p.mu.Lock()
-	same := reflect.DeepEqual(devices, p.devices)
+	same := sameDevices(devices, p.devices)
 	p.devices = devices
 	old := p.changed
 	if !same {
@@ -86,6 +85,20 @@ func (p *plugin) refresh() {
 		log.Printf("advertising %d devices (%d healthy)", len(devices), healthy(devices))
 		close(old)
 	}
+}
+
+// sameDevices compares what the kubelet is told (each device's ID and health), not the messages
+// themselves: a sent protobuf message carries internal state a fresh one lacks.
+func sameDevices(a, b []*api.Device) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].Health != b[i].Health {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *plugin) current() []*api.Device {

@@ -60,6 +60,15 @@ def test_lab_apply_before_converge_says_to_converge(tmp_path: Path) -> None:
         layer.kubectl(Lab(hosts=[], subnets=[], state_dir=str(tmp_path), base_image=""))
 
 
+IMAGES = {agent_pods.DEVICE_PLUGIN: {"ref": "superkube.local/lab-device-plugin:0123456789abcdef"}}
+
+
+def test_a_lab_without_the_device_plugins_image_is_told_to_come_up_again(flagship_plan: Any) -> None:
+    (plugin,) = [o for o in plan_layer.objects(flagship_plan)["gpu-devices"] if o["kind"] == "DaemonSet"]
+    with pytest.raises(LabError, match="the lab has no lab-device-plugin image: run `superkube lab down`"):
+        agent_pods.lab_only(plugin, {})
+
+
 def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_plan: Any) -> None:
     """superkube.lab.agent_pods' list, and nothing more: the GPU readings from a host file, preflight
     without the burn on the agents' image, rounds of seconds, the breaker for a two-node pool, no
@@ -67,7 +76,7 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
     objects = [o for objs in plan_layer.objects(flagship_plan).values() for o in objs]
     changed = {}
     for obj in objects:
-        lab_obj = agent_pods.lab_only(obj)
+        lab_obj = agent_pods.lab_only(obj, IMAGES)
         if lab_obj != obj:
             changed[obj["metadata"]["name"]] = (obj, lab_obj)
     pools = [p.name for p in flagship_plan.spec.node_pools if p.role == "gpu"]
@@ -117,9 +126,7 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
     before, after = changed[f"{gpu_devices.NAME}-{pools[0]}"]
     (plugin,) = after["spec"]["template"]["spec"]["containers"]
     assert before["spec"]["template"]["spec"]["containers"][0]["image"] == gpu_devices.IMAGE
-    assert plugin["image"] == agent_pods.device_plugin_ref() and plugin["image"].startswith(
-        "superkube.local/"
-    )
+    assert plugin["image"] == IMAGES[agent_pods.DEVICE_PLUGIN]["ref"]  # the one lab up built
     assert f"--reading={agent_pods.MOUNT}/{Path(agent_pods.READING).name}" in plugin["command"]
     assert plugin["securityContext"]["runAsUser"] == 0
     pod_before, pod_after = before["spec"]["template"]["spec"], after["spec"]["template"]["spec"]

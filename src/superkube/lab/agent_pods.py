@@ -26,12 +26,13 @@ everything it changes is listed here, and nowhere else:
 from __future__ import annotations
 
 import copy
-import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from superkube.agents import AGENTS_IMAGE, gpu_probe
+from superkube.lab.errors import LabError
 
 READING_DIR = "/var/lib/superkube-lab"  # on each lab GPU host
 READING = f"{READING_DIR}/gpu-reading.json"
@@ -86,14 +87,6 @@ def _flags(command: list[str], replace: dict[str, str]) -> list[str]:
     return out + [f"--{name}={value}" for name, value in replace.items()]
 
 
-@functools.cache
-def device_plugin_ref() -> str:
-    """The lab device plugin image's name (built by `lab up`; made here from the cache)."""
-    from superkube.lab import images
-
-    return images.lab_device_plugin().ref
-
-
 def left_out(obj: dict[str, Any]) -> bool:
     """An object the lab cannot run: the periodic GPU test (its CUDA image, its GPUs)."""
     from modules.platform import node_health
@@ -102,7 +95,10 @@ def left_out(obj: dict[str, Any]) -> bool:
     return obj.get("kind") == "CronJob" and str(meta.get("name", "")).startswith(node_health.GPU_TEST)
 
 
-def lab_only(obj: dict[str, Any]) -> dict[str, Any]:
+DEVICE_PLUGIN = "lab-device-plugin"  # its image among the lab's (superkube.lab.images)
+
+
+def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The object as the lab runs it (see the module's list); any other object is returned as it is."""
     from modules.platform import balloons, gpu_devices, node_health
 
@@ -131,7 +127,11 @@ def lab_only(obj: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(obj)
         pod = out["spec"]["template"]["spec"]
         container = pod["containers"][0]
-        container["image"] = device_plugin_ref()
+        if not images or DEVICE_PLUGIN not in images:
+            raise LabError(
+                f"the lab has no {DEVICE_PLUGIN} image: run `superkube lab down`, then `lab up` again"
+            )
+        container["image"] = images[DEVICE_PLUGIN]["ref"]
         container["command"] = [
             "/lab-device-plugin",
             f"--reading={MOUNT}/{Path(READING).name}",

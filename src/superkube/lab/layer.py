@@ -121,7 +121,7 @@ def apply(
     progress(f"planning stack {stack}")
     plan = planning.run(project or planning.find_project(), stack, secrets={teams.WEBHOOK_TLS_KEY: bundle})
     by_component = {
-        c: [_with_secret_data(agent_pods.lab_only(o), bundle) for o in objs if not _stood_in(o)]
+        c: [_with_secret_data(agent_pods.lab_only(o, lab.images), bundle) for o in objs if not _stood_in(o)]
         for c, objs in layer.objects(plan).items()
     }
     if not by_component:
