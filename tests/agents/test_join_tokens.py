@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -481,6 +482,14 @@ def test_only_the_clusters_admins_may_change_the_documents_every_new_node_runs(a
            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": operator},
            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": operator}]})  # fmt: skip
     as_operator = api.client_kubeconfig(operator, operator)
+    # an admission policy is in force once the API server's informer has it and its binding, a moment
+    # after they are created: until a delete dry run is refused, nothing is tested yet
+    deadline = time.monotonic() + 30
+    while subprocess.run([str(api.kubectl), "--kubeconfig", str(as_operator), "delete", "configmap", "-n",
+                          SYSTEM_NAMESPACE, join.DOCUMENTS_CONFIGMAP, "--dry-run=server"],
+                         capture_output=True, timeout=30).returncode == 0:  # fmt: skip
+        assert time.monotonic() < deadline, "the node documents' admission policy never came into force"
+        time.sleep(0.5)
     path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/configmaps/{join.DOCUMENTS_CONFIGMAP}"
     own = gov.KubeReader(as_operator)
     current = own.get(path)  # reading it is theirs
