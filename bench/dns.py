@@ -5,7 +5,7 @@ EndpointSlices when its GPU nodes all run jobs.
 Run: .venv/bin/python bench/dns.py [--workers 1000] [--queries 20000]   (as root; writes
 bench/results/dns.json)
 
-- memory: CoreDNS's resident set once it has synced, with the layer's own Services only, then with
+- memory: CoreDNS's resident set once it has synced, with only the API's own Service, then with
   the flagship's full load: 7,500 GPU nodes' workers in jobs of --workers (a headless Service per job,
   its EndpointSlices of 100 named endpoints each) and the CPU pool's 128 x 30 pods behind Services
   of 30;
@@ -71,13 +71,13 @@ UPSTREAM_COREFILE = f""".:53 {{
         answer "{{{{ .Name }}}} 60 IN A 192.0.2.1"
     }}
     template IN AAAA {{
-        rcode NXDOMAIN
+        rcode NOERROR
         authority ". 60 IN SOA ns. hostmaster. 1 60 60 60 60"
     }}
 }}
 """
-"""The node's resolver, as a public name gets it: an address (A, for 60 s), no IPv6 address (with the
-SOA a negative answer carries, so it too may be cached)."""
+"""The node's resolver, as a public name gets it: an address (A, for 60 s), no IPv6 address (NODATA,
+with the SOA a negative answer carries, so it too may be cached)."""
 
 
 def rss_mib(pid: int) -> float:
@@ -113,7 +113,7 @@ def apply(api: apiserver.LocalApi, docs: list[dict[str, Any]]) -> None:
 
 def jobs_load(workers: int) -> list[dict[str, Any]]:
     """Headless Services and named EndpointSlices for every GPU node's worker, and the CPU pool's pods
-    behind Services of 10 (addresses from 10.64.0.0/13, as the flagship's pod IPs)."""
+    behind Services of PER_SERVICE (addresses from 10.64.0.0/13, as the flagship's pod IPs)."""
     docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
     address = iter(f"10.{64 + i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(10, 10**6))
     for j in range(-(-GPU_NODES // workers)):
@@ -279,7 +279,7 @@ def main() -> None:
             "endpoints": GPU_NODES + CPU_NODES * CPU_PODS,
         },
         "rss_mib": {
-            "layer_only": round(empty_mib, 1),
+            "api_service_only": round(empty_mib, 1),
             "flagship_loaded": round(loaded_mib, 1),
             "after_load": round(peak_mib, 1),
         },
@@ -287,7 +287,7 @@ def main() -> None:
         "capacity": capacity,
     }
     first = rounds[0]
-    print(f"CoreDNS {dns.COREDNS_VERSION} resident: {empty_mib:.0f} MiB with the layer's Services, "
+    print(f"CoreDNS {dns.COREDNS_VERSION} resident: {empty_mib:.0f} MiB with only the API's Service, "
           f"{loaded_mib:.0f} MiB with the flagship's ({result['objects']['services']:,} Services, "
           f"{result['objects']['endpoints']:,} endpoints)")  # fmt: skip
     print(f"a {args.workers}-worker job's hostfile through a pod's resolver: {first['hostfile_queries']:.0f} "

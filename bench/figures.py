@@ -290,9 +290,9 @@ def _dns_rows() -> list[tuple[str, str, str]]:
     first, again = got["job_start"]
     return [
         (
-            f"CoreDNS {got['coredns']} resident: the layer's Services / the flagship's "
+            f"CoreDNS {got['coredns']} resident: only the API's Service / the flagship's "
             f"({got['objects']['services']:,} Services, {got['objects']['endpoints']:,} endpoints)",
-            f"{got['rss_mib']['layer_only']:.0f} / {got['rss_mib']['flagship_loaded']:.0f} MiB (limit 170 MiB)",
+            f"{got['rss_mib']['api_service_only']:.0f} / {got['rss_mib']['flagship_loaded']:.0f} MiB (limit 170 MiB)",
             "dns.json",
         ),
         (

@@ -49,14 +49,14 @@ class ClusterDnsArgs:
     pools: Sequence[NodePool] = ()
     """The stack's node pools: their own taints are tolerated."""
     replicas: int = 2
-    """CoreDNS replicas, each on a node of its own (at least 2)."""
+    """CoreDNS replicas, each on a node of its own (2, or 1 on a one-node stack)."""
     image: str = dns.COREDNS_IMAGE
     memory_request_mi: int = 70
     memory_limit_mi: int = 170
     """kubeadm's figures; the flagship's objects fit in them (docs/04-in-cluster-layer.md)."""
 
     def __post_init__(self) -> None:
-        require(self.replicas >= 2, "replicas", "must be at least 2: one node's loss must not stop all names")
+        require(self.replicas >= 1, "replicas", "must be at least 1")
         require(
             0 < self.memory_request_mi <= self.memory_limit_mi,
             "memory_request_mi",

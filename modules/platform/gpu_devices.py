@@ -5,7 +5,10 @@ with it (the kubelet's device plugin API); until then a pod that asks for GPUs, 
 them, fits no node. Per GPU pool a DaemonSet runs NVIDIA's plugin on the pool's nodes, on the host's
 network, at system-node-critical, tolerating every taint (it must advertise the GPUs while preflight still holds
 the node, so the GPUs are there when the taint lifts; a cordon must not take them away either). It
-sees only the kubelet's plugin directory; the driver is the node image's.
+sees only the kubelet's plugin directory. It reads the GPUs through NVIDIA's container runtime, which
+the node's containerd must run it with: the node_software role's containerd configuration has only
+runc so far (docs/04-in-cluster-layer.md says so), and until it has NVIDIA's runtime too the plugin
+fails at start on a GPU node (FAIL_ON_INIT_ERROR) instead of advertising no GPUs.
 
 In the lab the same DaemonSet runs the lab's device plugin instead (superkube.lab.agent_pods), which
 advertises the GPUs of the node's reading.
@@ -55,7 +58,8 @@ def daemonset(pool: str, image: str) -> Manifest:
             {
                 "name": "plugin",
                 "image": image,
-                "env": [{"name": "FAIL_ON_INIT_ERROR", "value": "false"}],
+                # a node whose GPUs cannot be read fails the pod, visibly, rather than advertising none
+                "env": [{"name": "FAIL_ON_INIT_ERROR", "value": "true"}],
                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                 "volumeMounts": [{"name": "device-plugins", "mountPath": PLUGIN_DIR}],

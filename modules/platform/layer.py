@@ -77,7 +77,8 @@ class InClusterLayer(pulumi.ComponentResource):
                 service_ip=kube.service_ip(spec.service_cidr, kube.DNS_SERVICE_INDEX),
                 domain=kube.CLUSTER_DOMAIN,
                 pools=spec.node_pools,
-                replicas=spec.dns_replicas,
+                # each on a node of its own: a stack of fewer nodes gets one per node
+                replicas=min(spec.dns_replicas, sum(pool.nodes for pool in spec.node_pools)),
             ),
             opts=after,
         )

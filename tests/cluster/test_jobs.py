@@ -166,6 +166,7 @@ def job_file(tmp_path: Path, **change: Any) -> Path:
         ),
         ({"worker_memory": "lots"}, "worker_memory: 'lots' is not a memory quantity; write it like 512Mi"),
         ({"worker_cpu": "500Mi"}, "worker_cpu: '500Mi' is not a CPU quantity"),
+        ({"launcher_memory": "64Gi"}, "a launcher of 1 CPU and 64Gi is more than a Standard_D8s_v5 node"),
     ],
     ids=[
         "too many GPUs",
@@ -182,6 +183,7 @@ def job_file(tmp_path: Path, **change: Any) -> Path:
         "more CPU than a node",
         "memory not a quantity",
         "CPU in bytes",
+        "launcher bigger than a CPU node",
     ],
 )
 def test_a_job_that_can_never_run_is_one_line_and_exit_2(
@@ -217,6 +219,13 @@ def test_workers_may_ask_for_less_than_the_whole_node(tmp_path: Path) -> None:
     assert resources["requests"] == {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "8"}
     assert resources["limits"] == {"memory": "1Gi", "nvidia.com/gpu": "8"}
     assert jobs.millicores("1.5") == 1500 and jobs.mebibytes("2Gi") == 2048
+    whole_cores = jobs.render(jobs.load(job_file(tmp_path, worker_cpu=2)), spec)  # YAML's number 2
+    assert (
+        whole_cores["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"][
+            "requests"
+        ]["cpu"]
+        == "2"
+    )
 
 
 def test_the_cli_writes_the_mpijob(tmp_path: Path) -> None:

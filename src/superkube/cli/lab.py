@@ -303,7 +303,7 @@ def lab_build(
     """Build the pinned components into the build cache.
 
     Each is built from its Go module; a second run builds nothing. The components: etcd, kubernetes, kubernetes-node,
-    scheduler-plugins, containerd, runc, kwok, scheduler-plugins-controller, mpi-operator."""
+    scheduler-plugins, containerd, runc, kwok, scheduler-plugins-controller, mpi-operator, coredns."""
     from superkube.harness import build
 
     pins = {}

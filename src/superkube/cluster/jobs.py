@@ -16,7 +16,8 @@ version. A job that can never fit fails with one line.
 
 A job that fails (a worker lost or killed mid-run, so mpirun exits non-zero) is started again whole,
 `retries` times: the launcher is a batch Job whose backoffLimit is the MPIJob's runPolicy.backoffLimit,
-and each new launcher runs mpirun from the start on every worker. Workers restart OnFailure, so a
+and each time its container starts again (restartPolicy OnFailure) it runs mpirun from the start on
+every worker. Workers restart OnFailure, so a
 worker whose SSH server died is back in its own pod for that next try, and one whose pod is gone is
 made again by the operator (and gang-scheduled as a member of the job's running PodGroup).
 
@@ -106,6 +107,12 @@ class JobSpec(BaseModel):
                 f"{v!r} is not a job name; use 1-40 characters a-z, 0-9 and '-', starting with a letter"
             )
         return v
+
+    @field_validator("worker_cpu", "launcher_cpu", "worker_memory", "launcher_memory", mode="before")
+    @classmethod
+    def _number(cls, v: object) -> object:
+        """`worker_cpu: 2` in YAML is a number: a quantity all the same."""
+        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
     @field_validator("worker_cpu", "launcher_cpu")
     @classmethod
@@ -225,6 +232,16 @@ def _fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, vm: vmsizes.VmSize) -
                 f"job {job.name}: {what} {given} is more than a {vm.name} node of pool {pool.name} has for "
                 f"pods ({whole[what.removeprefix('worker_')]}); ask for at most that, or leave {what} out"
             )
+    cpu_pools = [p for p in spec.node_pools if p.role == "cpu"]
+    home = cpu_pools[0] if cpu_pools else pool  # where the launcher runs (see render)
+    room = vmsizes.fill_one_node(vmsizes.size(home.vm_size, f"node_pools[{home.name}].vm_size"))
+    if millicores(job.launcher_cpu) > millicores(room["cpu"]) or mebibytes(job.launcher_memory) > mebibytes(
+        room["memory"]
+    ):
+        raise JobError(
+            f"job {job.name}: a launcher of {job.launcher_cpu} CPU and {job.launcher_memory} is more than a "
+            f"{home.vm_size} node of pool {home.name} has for pods ({room['cpu']}, {room['memory']}); ask for less"
+        )
     named = {t.team for t in spec.teams} - {teams.ANY}
     if spec.teams and job.team not in named:
         raise JobError(

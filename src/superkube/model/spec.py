@@ -557,7 +557,7 @@ class ClusterSpec(_Model):
         default=2,
         ge=2,
         le=1000,
-        description="CoreDNS replicas serving cluster DNS, each on a node of its own (docs/04-in-cluster-layer.md sizes them).",
+        description="CoreDNS replicas serving cluster DNS, each on a node of its own (fewer on a stack of fewer nodes; docs/04-in-cluster-layer.md sizes them).",
     )
     in_cluster_layer: bool = Field(
         default=True,
