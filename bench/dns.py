@@ -40,14 +40,25 @@ sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
 from superkube.cluster import dns  # noqa: E402
 from superkube.harness import apiserver, build  # noqa: E402
+from superkube.plan import engine as planning  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "dns.json"
 SERVER, UPSTREAM = "127.0.53.1", "127.0.53.2"
 METRICS, UPSTREAM_METRICS = 19153, 19154
-GPU_NODES, CPU_NODES, CPU_PODS = 7500, 128, 30
 PER_SERVICE = 30  # the CPU pool's pods behind Services of 30 (the loopback server's range holds 254)
 NAMESPACE = "research"
 CLIENT_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _flagship() -> tuple[int, int, int]:
+    """The flagship's GPU nodes, CPU nodes and pod IPs per CPU node, from its stack."""
+    _, spec, _ = planning.load(ROOT, "flagship")
+    gpu = sum(p.nodes for p in spec.node_pools if p.role == "gpu")
+    cpu = [p for p in spec.node_pools if p.role == "cpu"]
+    return gpu, sum(p.nodes for p in cpu), max(p.pod_ips_per_node for p in cpu)
+
+
+GPU_NODES, CPU_NODES, CPU_PODS = _flagship()
 
 
 def corefile(kubeconfig: Path) -> str:

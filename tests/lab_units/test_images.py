@@ -158,3 +158,23 @@ def test_the_agents_image_runs_every_agent_on_its_own_python(tmp_path: Path, fla
         "-c", "import superkube.agents as a, kubernetes, pynvml, cryptography.x509; print(a.AGENTS_IMAGE)"
     )
     assert inside.returncode == 0 and inside.stdout.strip() == AGENTS_IMAGE, inside.stderr
+
+
+def test_the_lab_example_job_runs_the_trainer_image_the_lab_builds() -> None:
+    """The example names the trainer by the name `lab up` imports it under, and the component images
+    go in under the names the kubelet asks containerd for (a Docker Hub name in full)."""
+    from superkube.cluster import jobs
+    from superkube.lab import trainer_image
+
+    job = jobs.load(Path(__file__).resolve().parents[2] / "examples" / "jobs" / "allreduce-lab.yaml")
+    assert job.image == trainer_image.TRAINER_IMAGE
+    assert images.normalized("mpioperator/mpi-operator:0.8.2") == "docker.io/mpioperator/mpi-operator:0.8.2"
+    assert (
+        images.normalized("registry.k8s.io/coredns/coredns:v1.13.1")
+        == "registry.k8s.io/coredns/coredns:v1.13.1"
+    )
+    assert images.normalized("pause:1") == "docker.io/library/pause:1"
+    # every component lab up makes an image of has the name the layer pins for it
+    from superkube.harness import build
+
+    assert {p.component for p in images.pinned_images()} == set(build.IMAGE_COMPONENTS)
