@@ -14,7 +14,7 @@ import yaml
 
 from policies.rules.compute import _cloud_init_files, _kubelet_flag
 from policies.rules.network import _routes as network_routes
-from superkube.cluster import autoscaling, kube, reference, wiring
+from superkube.cluster import autoscaling, dns, kube, reference, wiring
 from superkube.cluster.cloudinit import JOIN_PATH_UNIT, REGISTRATION_FILE
 from superkube.cluster.kube import (
     APISERVERS,
@@ -196,7 +196,7 @@ def _dns_served(view: StackView) -> set[str]:
         ports = {(p.get("port"), p.get("protocol", "TCP")) for p in spec.get("ports") or []}
         selector = spec.get("selector") or {}
         backed = selector and any(selector.items() <= labels.items() for labels in pods)
-        if {(53, "UDP"), (53, "TCP")} <= ports and backed and spec.get("clusterIP"):
+        if {(dns.PORT, "UDP"), (dns.PORT, "TCP")} <= ports and backed and spec.get("clusterIP"):
             served.add(str(spec["clusterIP"]))
     return served
 

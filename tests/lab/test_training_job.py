@@ -168,9 +168,9 @@ def test_the_gang_controllers_run_as_the_layers_pods(cluster: Lab, name: str) ->
     leader leases."""
     deployment = available(cluster, kube.SYSTEM_NAMESPACE, name)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    image = {CONTROLLER: "scheduler-plugins-controller", MPI_OPERATOR: "mpi-operator"}[name]
-    assert images.normalized(container["image"]) == cluster.images[image]["ref"]
-    assert container["image"] in {p.ref for p in images.pinned_images()}
+    # the image lab up made from the pinned component the layer names, imported under that name
+    (pinned,) = [p for p in images.pinned_images() if p.ref == container["image"]]
+    assert images.normalized(container["image"]) == cluster.images[pinned.component]["ref"]
     pods = pods_of(cluster, kube.SYSTEM_NAMESPACE, f"app.kubernetes.io/name={name}")
     restarts = [s.get("restartCount", 0) for p in pods for s in p["status"].get("containerStatuses", [])]
     assert pods and all(r == 0 for r in restarts), [(p["metadata"]["name"], p["status"]) for p in pods]

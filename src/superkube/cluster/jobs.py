@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from superkube.cluster import gang
 from superkube.cluster.cloudinit import POOL_LABEL
@@ -114,18 +114,11 @@ class JobSpec(BaseModel):
         """`worker_cpu: 2` in YAML is a number: a quantity all the same."""
         return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
-    @field_validator("worker_cpu", "launcher_cpu")
+    @field_validator("worker_cpu", "launcher_cpu", "worker_memory", "launcher_memory")
     @classmethod
-    def _cpu(cls, v: str | None) -> str | None:
+    def _quantity(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None:
-            millicores(v)
-        return v
-
-    @field_validator("worker_memory", "launcher_memory")
-    @classmethod
-    def _memory(cls, v: str | None) -> str | None:
-        if v is not None:
-            mebibytes(v)
+            (millicores if str(info.field_name).endswith("_cpu") else mebibytes)(v)
         return v
 
     @field_validator("image")
@@ -211,6 +204,11 @@ def _pool(job: JobSpec, spec: ClusterSpec) -> NodePool:
     )
 
 
+def _launcher_pool(spec: ClusterSpec) -> NodePool | None:
+    """The pool the launcher runs on: the stack's first CPU pool (none: beside the workers)."""
+    return next((p for p in spec.node_pools if p.role == "cpu"), None)
+
+
 def _fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, vm: vmsizes.VmSize) -> None:
     if job.gpus_per_worker is not None and job.gpus_per_worker > vm.gpus:
         raise JobError(
@@ -232,8 +230,7 @@ def _fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, vm: vmsizes.VmSize) -
                 f"job {job.name}: {what} {given} is more than a {vm.name} node of pool {pool.name} has for "
                 f"pods ({whole[what.removeprefix('worker_')]}); ask for at most that, or leave {what} out"
             )
-    cpu_pools = [p for p in spec.node_pools if p.role == "cpu"]
-    home = cpu_pools[0] if cpu_pools else pool  # where the launcher runs (see render)
+    home = _launcher_pool(spec) or pool
     room = vmsizes.fill_one_node(vmsizes.size(home.vm_size, f"node_pools[{home.name}].vm_size"))
     if millicores(job.launcher_cpu) > millicores(room["cpu"]) or mebibytes(job.launcher_memory) > mebibytes(
         room["memory"]
@@ -269,7 +266,6 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
     if job.borrow:
         labels[teams.BORROW_LABEL] = "true"
     tolerations = teams.tolerations_for(job.team, job.borrow)
-    cpu_pools = [p for p in spec.node_pools if p.role == "cpu"]
     launcher_spec: dict[str, Any] = {
         "containers": [
             _container(
@@ -284,8 +280,9 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
         ],
         "tolerations": tolerations,
     }
-    if cpu_pools:  # the launcher needs no GPU: keep it off the GPU nodes
-        launcher_spec["nodeSelector"] = {POOL_LABEL: cpu_pools[0].name}
+    launcher_pool = _launcher_pool(spec)
+    if launcher_pool:  # the launcher needs no GPU: keep it off the GPU nodes
+        launcher_spec["nodeSelector"] = {POOL_LABEL: launcher_pool.name}
     worker_spec = {
         "containers": [
             _container(

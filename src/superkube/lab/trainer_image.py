@@ -106,14 +106,19 @@ def _entries(tree: Path) -> dict[str, images.Entry]:
     return out
 
 
-def trainer(progress: Progress = lambda what, fraction: None, cache_dir: Path = CACHE_DIR) -> images.Image:
-    """The trainer image's OCI archive (made once per root and program; cached beside the builds)."""
+def trainer(
+    progress: Progress = lambda what, fraction: None,
+    root_cache: Path = CACHE_DIR,
+    image_cache: Path = build.CACHE_DIR,
+) -> images.Image:
+    """The trainer image's OCI archive (made once per root and program): its Debian root cached
+    beside the lab's base image (`root_cache`), the archive beside the other images' (`image_cache`)."""
     from superkube.plan import engine as planning
 
-    tree = root(progress, cache_dir)
+    tree = root(progress, root_cache)
     program = (planning.find_project() / "images" / "trainer" / "allreduce.py").read_bytes()
     key = hashlib.sha256(str(tree).encode() + b"\0" + program).hexdigest()[:16]
-    where = build.CACHE_DIR / "images" / "lab-trainer" / key
+    where = image_cache / "images" / "lab-trainer" / key
     facts = where / "image.json"
     if facts.is_file():
         known = json.loads(facts.read_text())
