@@ -43,6 +43,8 @@ class InClusterLayerArgs:
     """The team webhook's PEM bundle: certificate, key, CA (required when spec.teams is not empty)."""
     node_documents: dict[str, str] = field(default_factory=dict)
     """Node scale set -> its #cloud-config document (for the join-token publisher; empty: none)."""
+    apiserver_address: str = ""
+    """HOST:PORT of the API servers' load balancer (the health agents check they reach it)."""
 
     def __post_init__(self) -> None:
         require(
@@ -99,7 +101,8 @@ class InClusterLayer(pulumi.ComponentResource):
         self.node_health = NodeHealth(
             f"{name}-node-health",
             NodeHealthArgs(
-                pools=[(pool, vm) for pool, vm in sized if pool.role == "gpu"],
+                pools=sized,
+                api_address=args.apiserver_address,
                 max_cordoned_share=spec.health_max_cordoned_share,
                 dry_run=spec.health_dry_run,
                 dcgm_url=spec.health_dcgm_exporter_url,

@@ -11,9 +11,16 @@ thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a th
 - preflight (superkube.agents.preflight): only on nodes labelled superkube.io/preflight=pending;
   removes that taint and label from its own node once the GPUs pass. The ValidatingAdmissionPolicy
   `superkube-preflight-own-node` rejects anything else its service account tries on a node.
-- health (superkube.agents.node_health): writes its node's verdict on its own Node (a watch on that
-  one object; `superkube-node-health-own-node` lets it set its two annotations there and nothing
-  else).
+- health (superkube.agents.node_health), on every node of every pool (a CPU pool's without NVML):
+  writes its node's verdict on its own Node (a watch on that one object;
+  `superkube-node-health-own-node` lets it set its two annotations there and nothing else). Beside
+  the GPUs it checks the host, with read-only access to exactly what those checks read:
+  HEALTH_FS_DIR, an empty directory on the root filesystem (its fullness and its filesystem's
+  read-only flag, followed into the agent as the host mounts change), and the directory of the
+  node's kernel log (KERNEL_LOG_DIR, kernel messages only, for I/O errors). On the host network it
+  also asks the kubelet's and containerd's loopback endpoints whether they answer, opens a TCP
+  connection to the API servers' load balancer, reads the routing table and its VM's scheduled
+  events from the instance metadata.
 - the health controller (superkube.agents.health_controller, a Deployment of two, one leading by a
   Lease): follows the GPU nodes with one watch, cordons the nodes reported fatal and evicts their
   pods through the Eviction API, behind the breaker per pool; fenced by
@@ -41,7 +48,14 @@ from superkube.agents import node_health as node_health_agent
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
-from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT, PREFLIGHT_METRICS_PORT
+from superkube.cluster.kube import (
+    CONTAINERD_METRICS_PORT,
+    KERNEL_LOG,
+    KERNEL_LOG_DIR,
+    KUBELET_HEALTHZ_PORT,
+    NODE_AGENTS_METRICS_PORT,
+    PREFLIGHT_METRICS_PORT,
+)
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.vmsizes import GPU_RESOURCE, VmSize
@@ -71,13 +85,25 @@ SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/tmp"}
 BURN_MEMORY = "16Gi"
 BURN_CPU = "2"
 AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+# the host as the health agent sees it (read-only): an empty directory on the root filesystem, and
+# the kernel log's directory
+HEALTH_FS_DIR = "/var/lib/superkube/health"
+HOST_FS = "/host/fs/root"
+HOST_LOG = "/host/log"
+IMDS = "http://169.254.169.254"
+ADM_GID = 4  # the group that reads the system's logs on Ubuntu and Debian (the kernel log's group)
 BURN_RESOURCES = {"requests": {"cpu": BURN_CPU, "memory": BURN_MEMORY}, "limits": {"memory": BURN_MEMORY}}
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodeHealthArgs:
     pools: Sequence[tuple[PoolSpec, VmSize]]
-    """The GPU pools with the facts of their VM size (the GPU count the probe expects)."""
+    """Every node pool with the facts of its VM size (the GPU count the probe expects; preflight and
+    the periodic test only on the GPU pools)."""
+    api_address: str = ""
+    """HOST:PORT of the API servers' load balancer, which the health agent checks it can reach."""
+    scheduled_events: bool = True
+    """The health agent reads its VM's scheduled events and approves them once drained."""
     max_cordoned_share: float = 0.05
     """Share of a pool's nodes past preflight health may cordon before the breaker opens."""
     dry_run: bool = False
@@ -112,7 +138,15 @@ class NodeHealthArgs:
             "must leave the burn and a minute of start-up inside the deadline",
         )
         for pool, vm in self.pools:
-            require(pool.role == "gpu" and vm.gpus > 0, "pools", f"{pool.name} is not a GPU pool")
+            require(
+                pool.role != "gpu" or vm.gpus > 0,
+                "pools",
+                f"{pool.name} is a GPU pool of a size without GPUs",
+            )
+
+    @property
+    def gpu_pools(self) -> list[tuple[PoolSpec, VmSize]]:
+        return [(pool, vm) for pool, vm in self.pools if pool.role == "gpu"]
 
 
 RULES: dict[Agent, list[dict[str, object]]] = {
@@ -178,7 +212,7 @@ FENCES: dict[Fenced, Fence] = {
         HEALTH_CONTROLLER,
         "the health controller",
         None,
-        (node_health_agent.ANNOTATION, node_health_agent.ANNOTATION_AT),
+        (node_health_agent.ANNOTATION, node_health_agent.ANNOTATION_AT, node_health_agent.DRAINED_AT),
         may_cordon=True,
         own_node=False,
         only_if=(
@@ -328,8 +362,17 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         f"--metrics-port={port}",
         f"--thresholds={THRESHOLDS_DIR}/{args.thresholds.name}",
     ]
-    if args.dcgm_url:
+    if args.dcgm_url and vm.gpus:
         flags.append(f"--dcgm-url={args.dcgm_url}")
+    if agent == "health":
+        flags += [
+            f"--filesystem=root={HOST_FS}",
+            f"--kernel-log={HOST_LOG}/{KERNEL_LOG}",
+            f"--kubelet-healthz=http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz",
+            f"--runtime-metrics=http://127.0.0.1:{CONTAINERD_METRICS_PORT}/v1/metrics",
+            *([f"--api-address={args.api_address}"] if args.api_address else []),
+            *([f"--scheduled-events={IMDS}"] if args.scheduled_events else []),
+        ]
     selector = {POOL_LABEL: pool.name}
     if agent == "preflight":
         selector[PREFLIGHT_TAINT_KEY] = PREFLIGHT_PENDING  # the pod goes once the node has passed
@@ -339,13 +382,30 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         *_node_env(pool, vm),
         {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
         {"name": "NODE_POOL", "value": pool.name},
-        # every GPU visible through the NVIDIA runtime, none requested: the health agent only reads
-        # them (NVML); preflight also computes on them, behind the taint that keeps jobs away
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+    ]
+    if vm.gpus:
+        env += [
+            # every GPU visible through the NVIDIA runtime, none requested: the health agent only
+            # reads them (NVML); preflight also computes on them, behind the taint that keeps jobs away
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {
+                "name": "NVIDIA_DRIVER_CAPABILITIES",
+                "value": "utility" if agent == "health" else "compute,utility",
+            },
+        ]
+    host_mounts = [
+        # HostToContainer: a filesystem mounted (or remounted read-only) there later is seen too
         {
-            "name": "NVIDIA_DRIVER_CAPABILITIES",
-            "value": "utility" if agent == "health" else "compute,utility",
+            "name": "host-fs-root",
+            "mountPath": HOST_FS,
+            "readOnly": True,
+            "mountPropagation": "HostToContainer",
         },
+        {"name": "host-kernel-log", "mountPath": HOST_LOG, "readOnly": True},
+    ]
+    host_volumes = [
+        {"name": "host-fs-root", "hostPath": {"path": HEALTH_FS_DIR, "type": "DirectoryOrCreate"}},
+        {"name": "host-kernel-log", "hostPath": {"path": KERNEL_LOG_DIR, "type": "DirectoryOrCreate"}},
     ]
     container = {
         "name": "agent",
@@ -366,13 +426,14 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         },
         "volumeMounts": [
             {"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True},
-            *([SCRATCH_MOUNT] if agent == "preflight" else []),
+            *([SCRATCH_MOUNT] if agent == "preflight" else host_mounts),
         ],
         "securityContext": objects.restricted(),
     }
     pod = {
         "serviceAccountName": base,
         "priorityClassName": NODE_AGENT_PRIORITY,
+        **({"securityContext": {"supplementalGroups": [ADM_GID]}} if agent == "health" else {}),
         "hostNetwork": True,
         "dnsPolicy": "ClusterFirstWithHostNet",
         "nodeSelector": selector,
@@ -381,7 +442,7 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         "containers": [container],
         "volumes": [
             {"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}},
-            *([SCRATCH] if agent == "preflight" else []),
+            *([SCRATCH] if agent == "preflight" else host_volumes),
         ],
     }
     return objects.daemonset(name, COMPONENT, NAMESPACE, pod)
@@ -583,14 +644,15 @@ def manifests(args: NodeHealthArgs) -> list[Manifest]:
         *fence("health-controller"),
         *(m for agent in agents for m in _access(agent)),
         *controller(args),
-        *(daemonset(pool, vm, args, agent) for agent in agents for pool, vm in args.pools),
+        *(daemonset(pool, vm, args, "preflight") for pool, vm in args.gpu_pools),
+        *(daemonset(pool, vm, args, "health") for pool, vm in args.pools),
         *(
             [
                 *fence("gpu-test"),
                 *objects.service_account_access(GPU_TEST, COMPONENT, NAMESPACE, GPU_TEST_RULES),
-                *(periodic_test(pool, vm, args) for pool, vm in args.pools),
+                *(periodic_test(pool, vm, args) for pool, vm in args.gpu_pools),
             ]
-            if args.test_schedule
+            if args.test_schedule and args.gpu_pools
             else []
         ),
     ]
@@ -604,8 +666,9 @@ class NodeHealth(pulumi.ComponentResource):
         self.resources = objects.create(self, name, manifests(args))
         self.register_outputs(
             {
-                "daemonsets": [f"{a}-{pool.name}" for a in (PREFLIGHT, HEALTH) for pool, _ in args.pools],
-                "periodic_tests": [f"{GPU_TEST}-{pool.name}" for pool, _ in args.pools]
+                "daemonsets": [f"{PREFLIGHT}-{pool.name}" for pool, _ in args.gpu_pools]
+                + [f"{HEALTH}-{pool.name}" for pool, _ in args.pools],
+                "periodic_tests": [f"{GPU_TEST}-{pool.name}" for pool, _ in args.gpu_pools]
                 if args.test_schedule
                 else [],
             }

@@ -103,3 +103,27 @@ def test_a_controller_that_loses_its_lease_mid_round_stops_acting() -> None:
     ctl = hc.Controller(kube, lambda: nodes, frozenset({"gpu"}), 0.05, lead=lambda: next(answers))
     ctl.round()
     assert kube.patched == ["gpu-01"] and ctl.draining is None  # a new leader starts from the cluster
+
+
+def test_a_drained_node_is_marked_once_its_pods_are_gone_and_only_then() -> None:
+    """The mark its agent waits for before it approves the VM's maintenance: every pod a drain
+    moves gone, not merely evicted (a pod still terminating keeps the VM)."""
+    kube = Kube({"gpu-01": [pod("trainer-0")]})
+    nodes = fleet("gpu-01")
+    kube.nodes = copy.deepcopy(nodes)  # patched from what the agent reported
+    ctl = hc.Controller(kube, lambda: nodes, frozenset({"gpu"}), 0.05)
+    ctl.round()  # cordoned, evicted
+    assert (
+        kube.evicted == ["trainer-0"] and nh.DRAINED_AT not in kube.nodes["gpu-01"]["metadata"]["annotations"]
+    )
+    nodes["gpu-01"] = hc.slim(kube.nodes["gpu-01"])
+    ctl.round()  # the pod is still terminating
+    assert kube.patched == ["gpu-01"] and nh.DRAINED_AT not in kube.nodes["gpu-01"]["metadata"]["annotations"]
+    kube.pods["gpu-01"] = [pod("node-health-x", "superkube-system", owner="DaemonSet")]  # what stays
+    ctl.round()
+    marked = kube.nodes["gpu-01"]
+    assert nh.drained(marked), marked["metadata"]["annotations"]
+    nodes["gpu-01"] = hc.slim(marked)
+    before = len(kube.patched)
+    ctl.round()
+    assert len(kube.patched) == before, "marked once"

@@ -366,6 +366,8 @@ def test_the_controller_may_only_cordon_nodes_reported_fatal(fenced: LocalApi) -
     cordon = nh.cordon_patch("Xid 79 on GPU 3", kubeapi.now())
     assert "a node its health agent reported fatal" in refusal(lambda: ctl.patch_node(fine, cordon))
     ctl.patch_node(fatal, cordon)
+    ctl.patch_node(fatal, {"metadata": {"annotations": {nh.DRAINED_AT: kubeapi.stamp(kubeapi.now())}}})
+    assert nh.DRAINED_AT in admin(fenced).read_node(fatal).metadata.annotations  # its drained mark: admitted
     uncordon = {"spec": {"unschedulable": False}}
     assert "may cordon but never uncordon" in refusal(lambda: ctl.patch_node(fatal, uncordon))
     taint = {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}

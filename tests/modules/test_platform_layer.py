@@ -272,22 +272,27 @@ def test_every_object_goes_through_the_layers_provider_never_an_ambient_kubeconf
     assert all((r.provider or "").startswith(provider.urn + "::") for r in objects)
 
 
-def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan) -> None:
+def test_health_runs_on_every_pool_and_preflight_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan) -> None:
     from superkube.agents.gpu_probe import THRESHOLDS, Thresholds
     from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
     from superkube.cluster.monitoring import jobs
 
-    gpu_pools = [p for p in any_plan.spec.node_pools if p.role == "gpu"]
+    pools = any_plan.spec.node_pools
+    gpu_pools = [p for p in pools if p.role == "gpu"]
+    assert gpu_pools and len(gpu_pools) < len(pools), "the stacks have CPU pools too"
     sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet", "node-health")}
-    assert set(sets) == {f"superkube-{a}-{p.name}" for a in ("node-health", "preflight") for p in gpu_pools}
+    assert set(sets) == {f"superkube-node-health-{p.name}" for p in pools} | {
+        f"superkube-preflight-{p.name}" for p in gpu_pools
+    }
     (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
     ports = set()
     for name, ds in sets.items():
-        pool = next(p for p in gpu_pools if name.endswith(f"-{p.name}"))
+        pool = next(p for p in pools if name.endswith(f"-{p.name}"))
         pod = ds["spec"]["template"]
         (container,) = pod["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["EXPECTED_GPUS"] == str(vmsizes.size(pool.vm_size, "x").gpus) == str(pool.gpus_per_node)
+        assert ("NVIDIA_VISIBLE_DEVICES" in env) == (pool.role == "gpu")
         assert pod["spec"]["nodeSelector"]["superkube.io/pool"] == pool.name
         # Prometheus's node-agents job finds both agents' pods by their component and metrics port
         assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == agents_job.pods_of
@@ -305,6 +310,29 @@ def test_both_node_agents_run_on_every_gpu_pool_with_its_vm_facts(any_plan: Plan
     (config,) = [c for c in of_kind(any_plan, "ConfigMap") if c["metadata"]["name"] == "superkube-gpu-health"]
     assert config["data"]["gpu_health.yaml"] == THRESHOLDS.read_text()
     Thresholds.model_validate(yaml.safe_load(config["data"]["gpu_health.yaml"]))
+
+
+def test_the_health_agent_reads_exactly_its_checks_host_paths_read_only(any_plan: Plan) -> None:
+    """Two host directories, both read-only: an empty one on the root filesystem (its fullness and
+    read-only flag; mounts there followed) and the kernel log's own; no privilege, no host PID."""
+    from modules.platform.node_health import HEALTH_FS_DIR
+    from superkube.cluster.kube import APISERVER_PORT, KERNEL_LOG_DIR
+
+    for ds in of_kind(any_plan, "DaemonSet", "node-health"):
+        if not ds["metadata"]["name"].startswith("superkube-node-health-"):
+            continue
+        spec = ds["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        assert sorted(host.values()) == sorted([HEALTH_FS_DIR, KERNEL_LOG_DIR])
+        mounts = {m["name"]: m for m in container["volumeMounts"] if m["name"] in host}
+        assert all(m["readOnly"] for m in mounts.values()) and len(mounts) == 2
+        assert not spec.get("hostPID") and not container["securityContext"].get("privileged")
+        flags = dict(f.removeprefix("--").split("=", 1) for f in container["command"] if f.startswith("--"))
+        assert flags["api-address"] == f"{any_plan.addresses.apiserver_lb_ip}:{APISERVER_PORT}"
+        assert flags["scheduled-events"] == "http://169.254.169.254"
+        assert flags["filesystem"].split("=", 1)[1] == mounts["host-fs-root"]["mountPath"]
+        assert flags["kernel-log"].startswith(mounts["host-kernel-log"]["mountPath"] + "/")
 
 
 def test_a_nodes_pod_limit_counts_exactly_the_host_network_pods_it_runs(any_plan: Plan) -> None:
@@ -515,8 +543,8 @@ def test_each_health_key_reaches_the_agents_flags(write_stack: Callable[..., Pat
     ]
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--max-cordoned-share=0.1" in command and "--dry-run" in command
-    gpu_pools = [p.name for p in plan.spec.node_pools if p.role == "gpu"]
-    assert f"--pools={','.join(gpu_pools)}" in command
+    pools = [p.name for p in plan.spec.node_pools]  # every pool's nodes have their health agent
+    assert f"--pools={','.join(pools)}" in command
 
 
 def test_prometheus_may_discover_and_read_what_its_config_asks_and_nothing_more(any_plan: Plan) -> None:

@@ -1,9 +1,9 @@
-"""The health controller: cordons and drains the GPU nodes their own agents report fatal, behind a
+"""The health controller: cordons and drains the nodes their own agents report fatal, behind a
 breaker per pool. One leader (a Lease) acts; the other replica waits to take over.
 
 Why a controller: the breaker is a fleet-wide fact (the share of a pool's nodes past preflight that
 health has cordoned), and a DaemonSet that read its pool to know it would, in a burst of failures,
-have hundreds of agents list thousands of nodes at once. The controller follows the GPU nodes with
+have hundreds of agents list thousands of nodes at once. The controller follows its pools' nodes with
 one watch (`informer`: list once, then changes; relist only on 410 Gone), keeping a few fields of
 each, so its requests grow with changes and failures, not with nodes x failures. The agents
 (superkube.agents.node_health) only write their verdict on their own Node.
@@ -16,7 +16,10 @@ Each round (`--interval`, and at once after the watch brings a change) the leade
   unless that would take the pool's share cordoned by health past `--max-cordoned-share`: then the
   breaker holds it (a Warning Event on the node, once; `superkube_health_breaker_open{pool} 1`,
   alert HealthAgentBreakerOpen) until a person looks or the share falls;
-- a node cordoned by health with pods a budget held back: evict again.
+- a node cordoned by health with pods a budget held back: evict again;
+- a node cordoned by health whose pods a drain moves are all gone: mark it drained
+  (`superkube.io/health-drained-at`), once; its agent then approves the maintenance Azure scheduled
+  for its VM, so Azure need not wait for the event's NotBefore.
 A node counts as cordoned by health while it is unschedulable and carries that annotation: a node
 repaired and uncordoned by hand is history. Pods are listed only for the node being drained
 (field selector `spec.nodeName`).
@@ -48,15 +51,18 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from superkube.agents.informer import Informer
-from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, refused, serve
+from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr, now, refused, serve, stamp
 from superkube.agents.node_health import (
     ANNOTATION,
     ANNOTATION_AT,
+    DRAINED_AT,
     VERDICT_ANNOTATION,
     Decision,
     cordon_patch,
     cordoned_by_us,
     decide,
+    drained,
+    evictable,
     in_preflight,
     reported,
 )
@@ -67,7 +73,7 @@ from superkube.model.spec import PREFLIGHT_TAINT_KEY
 COMPONENT = "superkube-node-health-controller"
 LEASE = COMPONENT
 log = logging.getLogger(COMPONENT)
-_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION)
+_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION, DRAINED_AT)
 
 
 def slim(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,7 +126,7 @@ class Metrics:
 class Controller:
     kube: Any  # Kube, or anything with its methods
     nodes: Callable[[], dict[str, dict[str, Any]]]
-    """the GPU nodes as last seen, slim (the watch; in tests anything that returns them)"""
+    """its pools' nodes as last seen, slim (the watch; in tests anything that returns them)"""
     pools: frozenset[str]
     max_cordoned_share: float
     lead: Callable[[], bool] = lambda: True
@@ -164,7 +170,9 @@ class Controller:
                 continue
             ours = cordoned_by_us(node)
             if ours and name not in self.draining:
-                continue  # cordoned and drained in an earlier round: nothing to do
+                if not drained(node):  # evicted in an earlier round: mark it once its pods are gone
+                    self._mark_drained(node)
+                continue
             decision = decide(verdict, node, members, [], self.max_cordoned_share)
             if decision.cordon or ours:  # only now are its pods worth a list
                 decision = decide(verdict, node, members, self.kube.pods_on(name), self.max_cordoned_share)
@@ -189,6 +197,13 @@ class Controller:
         self.metrics.cordoned.labels(pool).set(sum(1 for n in eligible if cordoned_by_us(n)))
         self.metrics.breaker.labels(pool).set(1 if open_ else 0)
         return done
+
+    def _mark_drained(self, node: Mapping[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        if evictable(self.kube.pods_on(name)):
+            return  # still terminating: the next round looks again
+        body = {"metadata": {"annotations": {DRAINED_AT: stamp(now())}}}
+        self._do("drained", f"mark {name} drained", lambda: self.kube.patch_node(name, body))
 
     def _do(self, action: str, what: str, call: Callable[[], Any]) -> Any:
         self.metrics.actions.labels(action, str(self.dry_run).lower()).inc()
@@ -236,7 +251,7 @@ class Controller:
 
 def _args(argv: list[str] | None) -> Any:
     p = base_parser("health_controller", (__doc__ or "").splitlines()[0], NODE_AGENTS_METRICS_PORT, 10.0)
-    p.add_argument("--pools", required=True, help="the GPU pools it looks after, comma-separated")
+    p.add_argument("--pools", required=True, help="the pools it looks after, comma-separated")
     p.add_argument("--max-cordoned-share", type=float, default=0.05)
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "superkube-system"),
                    help="where its Lease lives (env POD_NAMESPACE)")  # fmt: skip

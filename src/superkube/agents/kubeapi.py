@@ -57,6 +57,8 @@ def node_probe(args: argparse.Namespace, log: logging.Logger) -> Callable[[], An
     """The probe a node agent's options ask for; a bad thresholds file raises ReadingError."""
     from superkube.agents import gpu_probe
 
+    if args.reading is None and args.expected_gpus == 0:  # a node without GPUs (a CPU pool's)
+        return lambda: gpu_probe.Verdict(args.node, "healthy", [])
     limits = gpu_probe.thresholds(args.thresholds or gpu_probe.THRESHOLDS)
     return probe_of(
         args.node,
@@ -339,10 +341,16 @@ def connect(component: str, args: argparse.Namespace, registry: Any) -> Kube | N
         return None
 
 
-def check_agent_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_agent_args(
+    p: argparse.ArgumentParser, args: argparse.Namespace, gpus_required: bool = True
+) -> None:
+    """The common options checked; `gpus_required`: the agent has nothing to do on a node without
+    GPUs (preflight; the health agent also checks the host, so on a CPU node it reads no GPU)."""
     if not args.node:
         p.error("--node is required (or NODE_NAME)")
-    if args.reading is None and (not args.vm_size or args.expected_gpus < 1):
+    if args.expected_gpus < 0 or (gpus_required and args.reading is None and args.expected_gpus < 1):
+        p.error("reading NVML needs --vm-size and --expected-gpus >= 1")
+    if args.reading is None and args.expected_gpus > 0 and not args.vm_size:
         p.error("reading NVML needs --vm-size and --expected-gpus >= 1")
 
 

@@ -1,8 +1,11 @@
-"""Passive GPU health on each GPU node: probe the node's GPUs and report the verdict on the node.
+"""Passive node health on every node: probe the node's GPUs and host, and report the verdict on it.
 
-Runs on every GPU node (a DaemonSet of the in-cluster layer, on the host network). Each round it
-reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in
-src/superkube/data/gpu_health.yaml), folds in a failed periodic GPU test (the annotation
+Runs on every node of every pool (a DaemonSet of the in-cluster layer, on the host network). Each
+round it reads the node's GPUs through the probe (`gpu_probe`: NVML, the thresholds in
+src/superkube/data/gpu_health.yaml; a CPU pool's node has none), its host (`host_checks`:
+filesystems full or read-only, I/O errors in the kernel log, the kubelet and the container runtime
+answering, the API servers and the default route reachable) and the maintenance Azure scheduled for
+its VM (`scheduled_events`), folds in a failed periodic GPU test (the annotation
 `superkube.io/gpu-test-result` that superkube.agents.gpu_test writes), and writes the verdict to
 its own Node, in the annotation `superkube.io/health-verdict` ("fatal: <reasons>", "warning:
 <reasons>", "healthy", or "preflight" while the node is behind the preflight taint, which preflight
@@ -14,7 +17,9 @@ It reads and writes nothing but its own Node: its node comes from a watch on tha
 eviction are fleet-wide decisions (the breaker counts a pool's cordoned nodes) and belong to one
 leader-elected controller, superkube.agents.health_controller, which follows every GPU node with a
 watch; the agent's admission policy lets it set its two annotations on its own node and nothing
-else. The decision logic both share is here (`decide`).
+else. The decision logic both share is here (`decide`). Once the controller has drained a node it
+cordoned (the annotation `superkube.io/health-drained-at`), the agent approves the Reboot, Redeploy
+or Terminate that Azure scheduled for its VM, so Azure proceeds at once rather than at NotBefore.
 
 `--dry-run` logs the report instead of writing it. When the API server cannot be reached the agent
 backs off (doubling to `--max-backoff`) and keeps serving its metrics, with
@@ -33,11 +38,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from superkube.agents import gpu_probe, gpu_test
+from superkube.agents import gpu_probe, gpu_test, host_checks, scheduled_events
 from superkube.agents.informer import Informer
 from superkube.agents.kubeapi import (
     MAX_MESSAGE,
@@ -58,6 +64,7 @@ ANNOTATION = "superkube.io/health-cordoned"  # the reason; marks the nodes this 
 ANNOTATION_AT = "superkube.io/health-cordoned-at"
 VERDICT_ANNOTATION = "superkube.io/health-verdict"  # the node's agent's last verdict, with its reasons
 VERDICT_AT = "superkube.io/health-verdict-at"
+DRAINED_AT = "superkube.io/health-drained-at"  # the controller: every pod a drain moves is gone
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # never drained by health (and its eviction policy refuses them): the cluster's add-ons and
 # superkube's own pods (agents, balloons), which a node's drain does not need moved
@@ -157,10 +164,36 @@ def decide(
     reason = _summary(verdict, "fatal")
     pods_out = evictable(pods)
     cordon_events: list[tuple[str, str, str]] = [
-        ("Warning", "GPUHealthCordon", f"cordoned: {reason}"[:MAX_MESSAGE])
+        ("Warning", cordon_reason(reason), f"cordoned: {reason}"[:MAX_MESSAGE])
     ]
     cordon_events += [("Normal", "GPUHealthEvict", f"evicting {p.namespace}/{p.name}") for p in pods_out]
     return Decision(cordon=reason, evict=pods_out, events=tuple(cordon_events), cordoned_share=after)
+
+
+def cordon_reason(summary: str) -> str:
+    """The Event reason of a cordon, by what its fatal findings were about."""
+    if "scheduled " in summary:
+        return "ScheduledEventCordon"
+    if "GPU" in summary:
+        return "GPUHealthCordon"
+    return "NodeHealthCordon"
+
+
+def combined(verdict: gpu_probe.Verdict, more: list[gpu_probe.Finding]) -> gpu_probe.Verdict:
+    """The GPU verdict with the host's and the cloud's findings: its level the worst of all."""
+    if not more:
+        return verdict
+    findings = [*verdict.findings, *more]
+    levels = {f.level for f in findings}
+    level = "fatal" if "fatal" in levels else "warning" if "warning" in levels else verdict.level
+    return gpu_probe.Verdict(verdict.node, level, findings)
+
+
+def drained(node: Mapping[str, Any]) -> bool:
+    """Cordoned by health and drained since (the controller's mark is later than the cordon)."""
+    notes = (node.get("metadata") or {}).get("annotations") or {}
+    at, cordoned = notes.get(DRAINED_AT, ""), notes.get(ANNOTATION_AT, "")
+    return cordoned_by_us(node) and bool(at) and at >= cordoned
 
 
 def with_periodic_test(verdict: gpu_probe.Verdict, failed_test: str | None) -> gpu_probe.Verdict:
@@ -242,12 +275,86 @@ class Metrics:
         self.api_up = Gauge(
             "superkube_health_api_up", "1 when the last round reached the API server.", registry=r
         )
+        self.findings = Gauge(
+            "superkube_health_findings",
+            "This round's findings on the node, by check (gpu, filesystem, kernel-io, kubelet, runtime, "
+            "api-servers, default-route, scheduled-event) and level.",
+            ["check", "level"],
+            registry=r,
+        )
+        self.scheduled = Gauge(
+            "superkube_health_scheduled_event",
+            "1 while Azure has a Reboot, Redeploy or Terminate scheduled for this node's VM, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.acknowledged = Counter(
+            "superkube_health_events_acknowledged",
+            "Scheduled events approved after the node was drained, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.events_up = Gauge(
+            "superkube_health_events_up",
+            "1 when the last round read the VM's scheduled events from its instance metadata.",
+            registry=r,
+        )
         self.gpu_test_failed = Gauge(
             "superkube_health_gpu_test_failed",
             "1 while this agent's node carries a failed periodic GPU test (sum by pool: the pool's count).",
             ["pool"],
             registry=r,
         )
+
+
+@dataclass
+class Events:
+    """This VM's scheduled events: read each round, approved once the node is drained."""
+
+    client: scheduled_events.Client
+    lead_s: float = scheduled_events.LEAD_S
+    vm: str = ""
+    incarnation: int = -1
+    acked: set[str] = field(default_factory=set)
+    pending: list[scheduled_events.Event] = field(default_factory=list)
+
+    def read(self, metrics: Metrics) -> list[gpu_probe.Finding]:
+        """This round's findings; a document that cannot be had or read is a log line (and
+        `superkube_health_events_up 0`), never a finding."""
+        try:
+            self.vm = self.vm or self.client.vm_name()
+            incarnation, events, bad = scheduled_events.parse(self.client.document())
+        except scheduled_events.EventsError as e:
+            metrics.events_up.set(0)
+            log.error("scheduled events: %s", e)
+            return []
+        metrics.events_up.set(1)
+        found, self.pending, lines = scheduled_events.findings(events, self.vm, now(), self.lead_s)
+        if incarnation != self.incarnation:  # said once per document, not every round
+            for line in [*bad, *lines]:
+                log.warning("scheduled events: %s", line)
+            self.incarnation = incarnation
+        for kind in scheduled_events.DRAINED_FIRST:
+            metrics.scheduled.labels(kind).set(
+                sum(1 for e in events if e.type == kind and self.vm in e.resources)
+            )
+        return found
+
+    def approve(self, metrics: Metrics) -> list[str]:
+        """Approve the due events not approved yet; their ids."""
+        ids = [e for e in self.pending if e.id not in self.acked]
+        if not ids:
+            return []
+        try:
+            self.client.acknowledge(e.id for e in ids)
+        except scheduled_events.EventsError as exc:
+            log.error("scheduled events: approving failed, next round again: %s", exc)
+            return []
+        for e in ids:
+            self.acked.add(e.id)
+            metrics.acknowledged.labels(e.type).inc()
+            log.warning("approved %s: the node is drained", e)
+        return [e.id for e in ids]
 
 
 @dataclass
@@ -261,10 +368,25 @@ class Agent:
     dry_run: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     warned: str = ""
+    host: host_checks.HostChecks | None = None
+    events: Events | None = None
+
+    def _findings(self, verdict: gpu_probe.Verdict) -> gpu_probe.Verdict:
+        """The probe's verdict with the host's and the cloud's findings, each check's counted."""
+        by_check: dict[str, list[gpu_probe.Finding]] = {"gpu": list(verdict.findings)}
+        if self.host is not None:
+            by_check.update(self.host.read())
+        if self.events is not None:
+            by_check["scheduled-event"] = self.events.read(self.metrics)
+        for check, found in by_check.items():
+            for level in ("fatal", "warning"):
+                self.metrics.findings.labels(check, level).set(sum(1 for f in found if f.level == level))
+        more = [f for check, found in by_check.items() if check != "gpu" for f in found]
+        return combined(verdict, more)
 
     def round(self) -> str:
         """Probe, and write the verdict on the node when it changed; returns what was reported."""
-        verdict = self.probe()  # probed (and counted) even while the API server is away
+        verdict = self._findings(self.probe())  # probed (and counted) even while the API server is away
         self.metrics.checks.labels(verdict.level).inc()
         node = self.own()
         test = gpu_test.failed(node)
@@ -282,8 +404,21 @@ class Agent:
                 self.kube.patch_node(self.node, report_patch(value, at))
         warning = verdict.level == "warning" and value != IN_PREFLIGHT  # preflight judges it for now
         if warning and value != self.warned and not self.dry_run:
-            self.kube.create_event(event(node, COMPONENT, "Warning", "GPUHealthWarning", value, at))
+            self.kube.create_event(event(node, COMPONENT, "Warning", "NodeHealthWarning"
+                                         if "GPU" not in value else "GPUHealthWarning", value, at))  # fmt: skip
         self.warned = value if warning else ""
+        if self.events is not None and not self.dry_run and drained(node):
+            for id_ in self.events.approve(self.metrics):
+                self.kube.create_event(
+                    event(
+                        node,
+                        COMPONENT,
+                        "Normal",
+                        "ScheduledEventApproved",
+                        f"approved event {id_}: drained",
+                        at,
+                    )
+                )
         self.metrics.api_up.set(1)
         return value
 
@@ -291,10 +426,41 @@ class Agent:
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = agent_parser("node_health", __doc__.splitlines()[0], NODE_AGENTS_METRICS_PORT)
     p.add_argument("--pool", default=os.environ.get("NODE_POOL", ""), help="this node's pool (env NODE_POOL)")
+    h = p.add_argument_group("host checks (each left out when not given)")
+    h.add_argument("--filesystem", action="append", default=[], metavar="NAME=PATH",
+                   help="a directory on a filesystem to watch (full, read-only); repeat for each")  # fmt: skip
+    h.add_argument("--full-warning", type=float, default=host_checks.FULL_WARNING)
+    h.add_argument("--full-fatal", type=float, default=host_checks.FULL_FATAL)
+    h.add_argument("--kernel-log", type=Path, help="the host's kernel log (I/O errors), e.g. kern.log")
+    h.add_argument("--kubelet-healthz", default="", help="the kubelet's health URL on the node's loopback")
+    h.add_argument("--runtime-metrics", default="", help="the container runtime's metrics URL (loopback)")
+    h.add_argument(
+        "--api-address", default="", help="HOST:PORT of the API servers, as the kubelet reaches them"
+    )
+    h.add_argument("--route-table", type=Path, default=Path("/proc/net/route"),
+                   help="the node's routes (the agent runs on the host network)")  # fmt: skip
+    h.add_argument("--confirm-rounds", type=int, default=host_checks.CONFIRM_ROUNDS,
+                   help="failed rounds in a row before a reachability check is fatal")  # fmt: skip
+    e = p.add_argument_group("scheduled events")
+    e.add_argument("--scheduled-events", default="",
+                   help="the instance metadata service's base URL, e.g. http://169.254.169.254; empty: not read")  # fmt: skip
+    e.add_argument("--event-lead", type=float, default=scheduled_events.LEAD_S,
+                   help="seconds before an event's NotBefore from which it is fatal (cordon and drain)")  # fmt: skip
     args = p.parse_args(argv)
-    check_agent_args(p, args)
+    check_agent_args(p, args, gpus_required=False)
     if not args.pool:
         p.error("--pool is required (or NODE_POOL)")
+    if not 0 < args.full_warning <= args.full_fatal <= 1:
+        p.error("--full-warning and --full-fatal must be 0 < warning <= fatal <= 1")
+    if args.confirm_rounds < 1:
+        p.error("--confirm-rounds must be at least 1")
+    try:
+        args.host = host_checks.build(
+            args.filesystem, args.kernel_log, args.kubelet_healthz, args.runtime_metrics, args.api_address,
+            args.route_table, args.confirm_rounds, args.full_warning, args.full_fatal,
+        )  # fmt: skip
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -320,7 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     def make_round(probe: Callable[[], gpu_probe.Verdict], kube: Kube) -> Callable[[], bool]:
         watches.append(Informer(kube.core.list_node, field_selector=f"metadata.name={args.node}"))
         own = own_node(watches[-1], args.node, stop)
-        agent = Agent(args.node, args.pool, probe, kube, own, args.dry_run, metrics)
+        events = None
+        if args.scheduled_events:
+            events = Events(scheduled_events.Client(args.scheduled_events.rstrip("/")), args.event_lead)
+        agent = Agent(
+            args.node, args.pool, probe, kube, own, args.dry_run, metrics, host=args.host, events=events
+        )
 
         def one_round() -> bool:
             agent.round()

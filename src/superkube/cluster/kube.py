@@ -32,6 +32,12 @@ ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # the etcd members' plain-HTTP /metrics listener
 NODE_EXPORTER_PORT = 9100
+CONTAINERD_METRICS_PORT = (
+    1338  # containerd's metrics server, on each node's loopback (the health agent asks it)
+)
+KUBELET_HEALTHZ_PORT = 10248  # the kubelet's default healthz, on each node's loopback
+KERNEL_LOG_DIR = "/var/log/superkube-kernel"  # the nodes' kernel messages alone, for the health agent
+KERNEL_LOG = "kernel.log"
 IPTABLES_EXPORTER_PORT = 9455
 # superkube's node agents (health, preflight) serve /metrics here on the host network
 NODE_AGENTS_METRICS_PORT = 9465
@@ -49,11 +55,11 @@ CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
 # The host-network pods a serving node runs, by pool role: they count against its pod limit but take
-# no pod IP. A GPU node runs the health agent (modules/platform/node_health) and NVIDIA's device
-# plugin (modules/platform/gpu_devices). Preflight, the other host-network agent, runs only while the
+# no pod IP. Every node runs the health agent (modules/platform/node_health); a GPU node also NVIDIA's
+# device plugin (modules/platform/gpu_devices). Preflight, the other host-network agent, runs only while the
 # node is behind the preflight taint, when no pod that needs an IP lands; counting it would let the
 # scheduler place one pod more than the NIC has IPs for.
-HOST_NETWORK_PODS = {"gpu": 2, "cpu": 0}
+HOST_NETWORK_PODS = {"gpu": 2, "cpu": 1}
 # Kubelet values only the lab sets (its hosts share a kernel that mounts cgroup v1 controllers, which
 # Kubernetes 1.35 refuses by default); the wiring-lab-only rule keeps them out of every stack.
 LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}
@@ -126,6 +132,9 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "etcd_peer_port": ETCD_PEER_PORT,
         "etcd_metrics_port": ETCD_METRICS_PORT,
         "node_exporter_port": NODE_EXPORTER_PORT,
+        "containerd_metrics_port": CONTAINERD_METRICS_PORT,
+        "kernel_log_dir": KERNEL_LOG_DIR,
+        "kernel_log": KERNEL_LOG,
         "iptables_exporter_port": IPTABLES_EXPORTER_PORT,
         "node_agents_metrics_port": NODE_AGENTS_METRICS_PORT,
         "prometheus_pki_dir": PROMETHEUS_PKI_DIR,

@@ -108,6 +108,10 @@ def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None
         out = copy.deepcopy(obj)
         pod = out["spec"]["template"]["spec"]
         container = pod["containers"][0]
+        gpus = {e["name"]: e.get("value") for e in container.get("env", [])}.get("EXPECTED_GPUS") != "0"
+        if not gpus:  # a CPU pool's health agent: its host checks are the production ones
+            container["command"] = _flags(container["command"], {"interval": str(ROUND_S)})
+            return out
         flags = {"reading": f"{MOUNT}/{Path(READING).name}", "interval": str(ROUND_S)}
         if agent == node_health.PREFLIGHT:
             flags["burn-seconds"] = "0"

@@ -9,6 +9,14 @@ and are built by `superkube.lab.fabric` from the plan's scale-set NIC IP configu
 
 As Azure does, the server refuses a request without the `Metadata: true` header, without an
 `api-version`, or with an `X-Forwarded-For` header, with HTTP 400 and an `error` message.
+
+It also serves each host's Scheduled Events (`/metadata/scheduledevents`, GET, and POST with
+`StartRequests` to approve) in Azure's document format (superkube.agents.scheduled_events says
+which); the events come from a second file, EVENTS beside the documents, which `superkube lab
+fault HOST scheduled-event` writes (`add_event`). As on Azure, an approved event is `Started` with an
+empty NotBefore and the document's incarnation grows with every change; the lab also records when
+it was approved (`approved_at`, a key Azure does not serve) so a test can hold the approval to
+before NotBefore.
 """
 
 from __future__ import annotations
@@ -16,7 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
+import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import IPv4Network
 from pathlib import Path
@@ -26,6 +38,11 @@ from urllib.parse import parse_qs, urlsplit
 ADDRESS = "169.254.169.254"
 PORT = 80
 ROOT = "/metadata/instance"
+SCHEDULED = "/metadata/scheduledevents"
+EVENTS = "scheduledevents.json"  # beside the documents: host -> {"incarnation": n, "events": [...]}
+EVENT_TYPES = ("Reboot", "Redeploy", "Terminate", "Freeze", "Preempt")
+LAB_ONLY = ("approved_at",)  # kept with an event, never served
+_lock = threading.Lock()
 
 
 def document(
@@ -78,18 +95,122 @@ def by_source(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
     return out
 
 
-def answer(doc: dict[str, Any] | None, path: str, headers: dict[str, str]) -> tuple[int, Any]:
-    """(HTTP status, JSON body) for a GET of `path` (with its query) from the host owning `doc`."""
-    parts = urlsplit(path)
+def _refused(doc: dict[str, Any] | None, path: str, headers: dict[str, str]) -> tuple[int, Any] | None:
+    """Azure's answer to a request it refuses whatever the path, or None."""
     lower = {k.lower(): v for k, v in headers.items()}
     if "x-forwarded-for" in lower:
         return 400, {"error": "Bad request. The request cannot contain the X-Forwarded-For header"}
     if lower.get("metadata", "").lower() != "true":
         return 400, {"error": "Bad request. Required metadata header not specified"}
-    if not parse_qs(parts.query).get("api-version"):
+    if not parse_qs(urlsplit(path).query).get("api-version"):
         return 400, {"error": "Bad request. api-version was not specified in the request"}
     if doc is None:
         return 404, {"error": "Not found. No VM is known by the request's source address"}
+    return None
+
+
+# --- scheduled events ---------------------------------------------------------------------------
+
+
+def _read_events(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _write_events(path: Path, data: dict[str, Any]) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(data, indent=2))
+    part.replace(path)  # whole, so the server never reads half
+
+
+def events_document(path: Path, host: str) -> dict[str, Any]:
+    """The host's `/metadata/scheduledevents` document, as Azure serves it."""
+    mine = _read_events(path).get(host) or {}
+    served = [{k: v for k, v in e.items() if k not in LAB_ONLY} for e in mine.get("events", [])]
+    return {"DocumentIncarnation": mine.get("incarnation", 0), "Events": served}
+
+
+def events_of(path: Path, host: str) -> list[dict[str, Any]]:
+    """The host's events with the lab's own keys (when each was approved)."""
+    return list((_read_events(path).get(host) or {}).get("events", []))
+
+
+def add_event(
+    path: Path, host: str, vm: str, kind: str, not_before_s: float, *, duration_s: int = -1,
+    at: datetime | None = None, source: str = "Platform",
+) -> dict[str, Any]:  # fmt: skip
+    """Schedule `kind` for the host's VM `vm`, `not_before_s` seconds from `at` (now)."""
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"event type {kind!r}: one of {', '.join(EVENT_TYPES)}")
+    when = (at or datetime.now(UTC)) + timedelta(seconds=not_before_s)
+    event = {
+        "EventId": str(uuid.uuid4()).upper(),
+        "EventType": kind,
+        "ResourceType": "VirtualMachine",
+        "Resources": [vm],
+        "EventStatus": "Scheduled",
+        "NotBefore": format_datetime(when, usegmt=True),
+        "Description": f"lab: {kind} scheduled by superkube lab fault",
+        "EventSource": source,
+        "DurationInSeconds": duration_s,
+    }
+    with _lock:
+        data = _read_events(path)
+        mine = data.setdefault(host, {"incarnation": 0, "events": []})
+        mine["events"].append(event)
+        mine["incarnation"] += 1
+        _write_events(path, data)
+    return event
+
+
+def clear_events(path: Path, host: str) -> int:
+    """Remove the host's events (as Azure does once they are over); how many there were."""
+    with _lock:
+        data = _read_events(path)
+        mine = data.get(host) or {"incarnation": 0, "events": []}
+        gone = len(mine["events"])
+        if gone:
+            data[host] = {"incarnation": mine["incarnation"] + 1, "events": []}
+            _write_events(path, data)
+    return gone
+
+
+def approve(path: Path, host: str, body: Any, at: datetime | None = None) -> tuple[int, Any]:
+    """A POST of StartRequests from `host`: its Scheduled events named there become Started."""
+    requests = body.get("StartRequests") if isinstance(body, dict) else None
+    if not isinstance(requests, list) or not all(isinstance(r, dict) and "EventId" in r for r in requests):
+        return 400, {"error": 'Bad request. The body must be {"StartRequests": [{"EventId": ...}]}'}
+    ids = {str(r["EventId"]) for r in requests}
+    stamp = (at or datetime.now(UTC)).isoformat()
+    with _lock:
+        data = _read_events(path)
+        mine = data.get(host) or {"incarnation": 0, "events": []}
+        changed = False
+        for e in mine["events"]:
+            if e["EventId"] in ids and e["EventStatus"] == "Scheduled":
+                e.update(EventStatus="Started", NotBefore="", approved_at=stamp)
+                changed = True
+        if changed:
+            mine["incarnation"] += 1
+            data[host] = mine
+            _write_events(path, data)
+    return 200, {}
+
+
+def answer(
+    doc: dict[str, Any] | None, path: str, headers: dict[str, str], events: Path | None = None
+) -> tuple[int, Any]:
+    """(HTTP status, JSON body) for a GET of `path` (with its query) from the host owning `doc`."""
+    parts = urlsplit(path)
+    refused = _refused(doc, path, headers)
+    if refused is not None or doc is None:
+        return refused or (404, {})
+    if parts.path.rstrip("/") == SCHEDULED:
+        if events is None:
+            return 404, {"error": "Not found"}
+        return 200, events_document(events, doc["compute"]["name"])
     if parts.path.rstrip("/") != ROOT and not parts.path.startswith(ROOT + "/"):
         return 404, {"error": "Not found"}
     value: Any = doc
@@ -103,12 +224,32 @@ def answer(doc: dict[str, Any] | None, path: str, headers: dict[str, str]) -> tu
     return 200, value
 
 
-def handler(lookup: Callable[[str], dict[str, Any] | None]) -> type[BaseHTTPRequestHandler]:
+def handler(
+    lookup: Callable[[str], dict[str, Any] | None], events: Path | None = None
+) -> type[BaseHTTPRequestHandler]:
     """A request handler answering each request from `lookup(source address)`'s document."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            status, body = answer(lookup(self.client_address[0]), self.path, dict(self.headers))
+            self._send(*answer(lookup(self.client_address[0]), self.path, dict(self.headers), events))
+
+        def do_POST(self) -> None:
+            doc = lookup(self.client_address[0])
+            refused = _refused(doc, self.path, dict(self.headers))
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if refused is not None or doc is None:
+                self._send(*(refused or (404, {})))
+            elif urlsplit(self.path).path.rstrip("/") != SCHEDULED or events is None:
+                self._send(404, {"error": "Not found"})
+            else:
+                try:
+                    body = json.loads(raw or b"null")
+                except ValueError:
+                    body = None
+                self._send(*approve(events, doc["compute"]["name"], body))
+
+        def _send(self, status: int, body: Any) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
@@ -141,7 +282,8 @@ class Documents:
 
 def serve(documents: Path, address: str = ADDRESS, port: int = PORT) -> None:
     ThreadingHTTPServer.allow_reuse_address = True
-    with ThreadingHTTPServer((address, port), handler(Documents(documents).lookup)) as server:
+    events = documents.with_name(EVENTS)
+    with ThreadingHTTPServer((address, port), handler(Documents(documents).lookup, events)) as server:
         server.serve_forever()
 
 

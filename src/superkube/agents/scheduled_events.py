@@ -1,0 +1,192 @@
+"""Azure Scheduled Events: the maintenance Azure has scheduled for this VM, read from its own instance
+metadata, and acknowledged once the node is drained so Azure proceeds at once.
+
+Azure's document (Scheduled Events for Linux VMs,
+https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events, api-version 2020-07-01):
+`GET http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01` with the header
+`Metadata: true` answers
+
+    {"DocumentIncarnation": 2, "Events": [{"EventId": "...", "EventType": "Reboot",
+      "ResourceType": "VirtualMachine", "Resources": ["gpu_3"], "EventStatus": "Scheduled",
+      "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT", "Description": "...",
+      "EventSource": "Platform", "DurationInSeconds": -1}]}
+
+- EventType: Freeze (the VM paused for seconds), Reboot, Redeploy (moved to another host),
+  Preempt (Spot eviction), Terminate (the VM deleted; scale sets opt in to this notice with
+  `scheduledEventsProfile.terminateNotificationProfile`, a not-before timeout of 5 to 15 minutes,
+  https://learn.microsoft.com/azure/virtual-machine-scale-sets/virtual-machine-scale-sets-terminate-notification).
+- EventStatus: Scheduled (NotBefore is when it will start unless approved), then Started (NotBefore
+  empty). An event Azure cancels leaves the list.
+- Minimum notice, by type: Freeze, Reboot and Redeploy 15 minutes; Preempt 30 seconds; Terminate
+  the scale set's timeout. A migration for predicted hardware failure may come days ahead.
+- Resources names the VMs the event affects: every VM of a scale set's placement group sees the
+  document, so an event counts only when it names this VM (`compute.name` in its instance metadata).
+- Approving: `POST` the same URL with `{"StartRequests": [{"EventId": "..."}]}`.
+
+What superkube does with them (`findings`): a Reboot, Redeploy or Terminate for this VM is fatal
+once it is less than `lead` away (or Started), so the health controller cordons and drains the node
+ahead of it; further ahead it is a warning (jobs keep the node until the lead). A Freeze of at most
+30 s is logged only (a longer one is a warning); a Preempt cannot happen on the pools (none is Spot)
+and is logged. Anything else (a malformed document, an unknown type, another VM's event) is a log
+line, never a cordon.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from superkube.agents.gpu_probe import Finding
+
+IMDS = "http://169.254.169.254"
+PATH = "/metadata/scheduledevents"
+API_VERSION = "2020-07-01"
+DRAINED_FIRST = ("Reboot", "Redeploy", "Terminate")
+KNOWN = (*DRAINED_FIRST, "Freeze", "Preempt")
+FREEZE_LOG_ONLY_S = 30
+LEAD_S = 20 * 60  # Reboot and Redeploy come at least 15 minutes ahead; Terminate 5 to 15
+
+
+class EventsError(Exception):
+    """The document could not be had or read; the message says why."""
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    type: str
+    status: str
+    resources: tuple[str, ...]
+    not_before: datetime | None  # None: Started, or none given
+    source: str
+    duration_s: int
+
+    def __str__(self) -> str:
+        when = f"not before {self.not_before:%Y-%m-%d %H:%M:%S} UTC" if self.not_before else self.status
+        return f"{self.source or 'Azure'} {self.type} {when} (event {self.id})"
+
+
+def parse(doc: Any) -> tuple[int, list[Event], list[str]]:
+    """(DocumentIncarnation, the events, a line for each event that could not be read)."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("Events", []), list):
+        raise EventsError("the scheduled events document is not an object with an Events list")
+    incarnation = doc.get("DocumentIncarnation", 0)
+    events, bad = [], []
+    for i, raw in enumerate(doc.get("Events") or []):
+        try:
+            events.append(_event(raw))
+        except (KeyError, TypeError, ValueError) as e:
+            bad.append(f"Events[{i}]: {e}")
+    return int(incarnation) if isinstance(incarnation, int) else 0, events, bad
+
+
+def _event(raw: Mapping[str, Any]) -> Event:
+    if not isinstance(raw, Mapping):
+        raise TypeError("not an object")
+    for key in ("EventId", "EventType", "EventStatus", "Resources"):
+        if key not in raw:
+            raise KeyError(f"no {key}")
+    resources = raw["Resources"]
+    if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
+        raise TypeError("Resources is not a list of names")
+    text = str(raw.get("NotBefore") or "").strip()
+    not_before = None
+    if text:
+        try:
+            not_before = parsedate_to_datetime(text).astimezone(UTC)
+        except (TypeError, ValueError):
+            raise ValueError(f"NotBefore {text!r} is not an HTTP date") from None
+    return Event(
+        id=str(raw["EventId"]),
+        type=str(raw["EventType"]),
+        status=str(raw["EventStatus"]),
+        resources=tuple(resources),
+        not_before=not_before,
+        source=str(raw.get("EventSource", "")),
+        duration_s=int(raw.get("DurationInSeconds", -1) or -1),
+    )
+
+
+def findings(
+    events: Iterable[Event], vm: str, at: datetime, lead_s: float = LEAD_S
+) -> tuple[list[Finding], list[Event], list[str]]:
+    """(findings, the events to acknowledge once drained, log lines) for this VM at `at`."""
+    out: list[Finding] = []
+    to_ack: list[Event] = []
+    lines: list[str] = []
+    for e in events:
+        if vm not in e.resources:
+            lines.append(f"ignored: {e} is for {', '.join(e.resources) or 'no VM'}, not {vm}")
+            continue
+        if e.type not in KNOWN:
+            lines.append(f"ignored: {e}: unknown event type")
+            continue
+        if e.type == "Freeze":
+            if 0 <= e.duration_s <= FREEZE_LOG_ONLY_S:
+                lines.append(f"{e}: a pause of {e.duration_s} s, logged only")
+            else:
+                out.append(Finding("warning", None, f"scheduled {e} of {e.duration_s} s"))
+            continue
+        if e.type == "Preempt":
+            lines.append(f"{e}: Spot eviction, which no pool uses")
+            continue
+        due = e.not_before is None or (e.not_before - at).total_seconds() <= lead_s
+        out.append(Finding("fatal" if due else "warning", None, f"scheduled {e}"))
+        if due and e.status == "Scheduled":
+            to_ack.append(e)
+    return out, to_ack, lines
+
+
+def _request(url: str, body: bytes | None, timeout: float) -> Any:
+    headers = {"Metadata": "true", **({"Content-Type": "application/json"} if body else {})}
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST" if body else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = response.read()
+    except urllib.error.HTTPError as e:
+        raise EventsError(f"{url}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise EventsError(f"{url}: {getattr(e, 'reason', e)}") from None
+    if body is not None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise EventsError(f"{url}: the answer is not JSON ({data[:60]!r})") from None
+
+
+@dataclass
+class Client:
+    """This VM's scheduled events and its name, from its instance metadata."""
+
+    base: str = IMDS
+    timeout: float = 5.0
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}{PATH}?api-version={API_VERSION}"
+
+    def document(self) -> Any:
+        return _request(self.url, None, self.timeout)
+
+    def vm_name(self) -> str:
+        url = f"{self.base}/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+        request = urllib.request.Request(url, headers={"Metadata": "true"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as r:
+                name = r.read().decode().strip().strip('"')
+        except (urllib.error.URLError, OSError) as e:
+            raise EventsError(f"{url}: {getattr(e, 'reason', e)}") from None
+        if not name:
+            raise EventsError(f"{url}: no VM name")
+        return name
+
+    def acknowledge(self, ids: Iterable[str]) -> None:
+        body = json.dumps({"StartRequests": [{"EventId": i} for i in ids]}).encode()
+        _request(self.url, body, self.timeout)
