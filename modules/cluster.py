@@ -21,7 +21,7 @@ from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
 from modules.platform.layer import InClusterLayer, InClusterLayerArgs
 from superkube.agents import scale_governor
-from superkube.cluster import autoscaling, inventory
+from superkube.cluster import autoscaling, inventory, kube
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -276,6 +276,7 @@ class Cluster(pulumi.ComponentResource):
                     apiserver_endpoint=self.apiservers.endpoint,
                     kubernetes_version=spec.kubernetes_version,
                     join_jitter_seconds=spec.autoscaler_join_jitter_seconds,
+                    terminate_notice_minutes=spec.terminate_notice_minutes,
                     autoscaler=spec.autoscaler_enabled,
                     tags=tags,
                     team=spec.pool_team(pool, cluster),
@@ -297,6 +298,7 @@ class Cluster(pulumi.ComponentResource):
                     kubeconfig=args.kubeconfig,
                     team_webhook_tls=args.team_webhook_tls,
                     node_documents={k: v for pool in self.pools for k, v in pool.documents.items()},
+                    apiserver_address=f"{plan.apiserver_lb_ip}:{kube.APISERVER_PORT}",
                 ),
                 opts=child(self),
             )

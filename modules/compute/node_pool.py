@@ -54,6 +54,10 @@ class NodePoolArgs:
     image_id: pulumi.Input[str] | None = None
     """The ID of the cluster's gallery image definition for this pool's kind (`NodeImages`): a pool
     whose image is `gallery:<version>` boots that version of it (default: none)."""
+    terminate_notice_minutes: int = 10
+    """Minutes Azure waits after telling a VM it will be deleted (terminate notification, 5 to 15;
+    https://learn.microsoft.com/azure/virtual-machine-scale-sets/virtual-machine-scale-sets-terminate-notification):
+    the health agent has its node drained, then approves the deletion (default: 10)."""
     initial_max: Mapping[str, int] | None = None
     """Scale set name -> its first `max` tag, where the scale-up governor owns the tag after that
     (`modules.cluster.governed_maxes`); None: the tag is the set's capacity and Pulumi keeps it so."""
@@ -77,6 +81,7 @@ class NodePoolArgs:
             "image_id",
             f"pool {self.pool.name} boots {self.pool.image}: give the gallery's image definition",
         )
+        require(5 <= self.terminate_notice_minutes <= 15, "terminate_notice_minutes", "must be 5 to 15")
 
 
 def autoscaler_tags(
@@ -174,6 +179,13 @@ class NodePool(pulumi.ComponentResource):
                     platform_fault_domain_count=1,
                     upgrade_policy=compute.UpgradePolicyArgs(mode=compute.UpgradeMode.MANUAL),
                     virtual_machine_profile=compute.VirtualMachineScaleSetVMProfileArgs(
+                        # a Terminate scheduled event before any delete (the autoscaler's, remediation's,
+                        # a person's), which the node's health agent drains the node for and approves
+                        scheduled_events_profile=compute.ScheduledEventsProfileArgs(
+                            terminate_notification_profile=compute.TerminateNotificationProfileArgs(
+                                enable=True, not_before_timeout=f"PT{args.terminate_notice_minutes}M"
+                            )
+                        ),
                         os_profile=compute.VirtualMachineScaleSetOSProfileArgs(
                             computer_name_prefix=f"{pool.name}{plan.index}-",
                             admin_username=args.admin_username,

@@ -235,6 +235,35 @@ def _join_jitter(view: StackView, config: RuleConfig) -> Iterator[Finding]:
             yield Finding("new nodes start their kubelet without a random join delay", s.urn)
 
 
+TERMINATE_NOTICE_MIN = (5, 15)  # Azure's bounds on a scale set's terminate notification
+
+
+def _notice_minutes(value: object) -> int | None:
+    """Minutes of an ISO 8601 duration of whole minutes ("PT10M"); None for anything else."""
+    text = str(value or "")
+    if text.startswith("PT") and text.endswith("M") and text[2:-1].isdigit():
+        return int(text[2:-1])
+    return None
+
+
+def _terminate_notification(view: StackView, config: RuleConfig) -> Iterator[Finding]:
+    low, high = TERMINATE_NOTICE_MIN
+    for s in view.of_type(VMSS):
+        profile = ((s.props.get("virtualMachineProfile") or {}).get("scheduledEventsProfile") or {}).get(
+            "terminateNotificationProfile"
+        ) or {}
+        if profile.get("enable") is not True:
+            yield Finding("scale set deletes VMs without a terminate notification", s.urn)
+            continue
+        minutes = _notice_minutes(profile.get("notBeforeTimeout"))
+        if minutes is None or not low <= minutes <= high:
+            yield Finding(
+                f"terminate notification's notBeforeTimeout {profile.get('notBeforeTimeout')!r} is not "
+                f"PT{low}M to PT{high}M",
+                s.urn,
+            )
+
+
 RULES = [
     Rule(
         "compute-vm-no-password-login",
@@ -310,5 +339,15 @@ RULES = [
         f"Drop the {JOIN_TOKENS_VAR} group variable, or set ttl_s above 0 and at most {join.MAX_TTL_S} and "
         f"rotate_s below ttl_s; drop {CONVERGE_TOKEN_VAR}, or set it between 1 and {join.MAX_TTL_S // 3600}.",
         _join_token_lifetime,
+    ),
+    Rule(
+        "compute-vmss-terminate-notification",
+        "high",
+        "Every scale set tells its VMs before deleting one (a Terminate scheduled event) and waits 5 to 15 "
+        "minutes, so the node's health agent has it cordoned and drained and then approves the delete: "
+        "the drain takes about three minutes with the agents' minute-long rounds and a pod's 30 s grace.",
+        "Set superkube:terminate_notice_minutes between 5 and 15 (10 by default); superkube writes the scale "
+        "sets' scheduledEventsProfile from it.",
+        _terminate_notification,
     ),
 ]

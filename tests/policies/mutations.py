@@ -337,6 +337,11 @@ def no_join_jitter(doc: Doc) -> None:
     )
 
 
+def no_terminate_notification(doc: Doc) -> None:
+    """A scale set that deletes a VM under a running job: no Terminate notice to drain it for."""
+    gpu_vmss(doc)["inputs"]["virtualMachineProfile"].pop("scheduledEventsProfile")
+
+
 def join_token_in_custom_data(doc: Doc) -> None:
     """A bootstrap kubeconfig planned into a scale set's custom data (and so kept in Pulumi's state)."""
     vmss = gpu_vmss(doc)
@@ -444,6 +449,7 @@ BY_RULE: dict[str, Callable[[Doc], None]] = {
     "compute-disk-etcd-premium": standard_etcd_disk,
     "compute-vmss-join-jitter": no_join_jitter,
     "compute-vmss-custom-data-no-credentials": join_token_in_custom_data,
+    "compute-vmss-terminate-notification": no_terminate_notification,
     "hygiene-resource-required-tags": missing_owner_tag,
     "wiring-apiserver-endpoint": move_apiserver_lb,
     "wiring-service-cidr": service_route_elsewhere,

@@ -432,8 +432,17 @@ class ClusterSpec(_Model):
         gt=0,
         le=1,
         description=(
-            "Share of a GPU pool's nodes past preflight the health agent may cordon; past it the agent's "
+            "Share of a pool's nodes past preflight the health agent may cordon; past it the agent's "
             "breaker opens and it stops cordoning until a person looks (alert HealthAgentBreakerOpen)."
+        ),
+    )
+    terminate_notice_minutes: int = Field(
+        default=10,
+        ge=5,
+        le=15,
+        description=(
+            "Minutes Azure waits after telling a node's VM it will be deleted (the scale sets' terminate "
+            "notification, 5 to 15): time for the health agents to have the node drained and approve it."
         ),
     )
     health_dry_run: bool = Field(
