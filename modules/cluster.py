@@ -21,7 +21,7 @@ from modules.network.nat_host import NatHost, NatHostArgs
 from modules.network.spoke import Spoke, SpokeArgs
 from modules.platform.layer import InClusterLayer, InClusterLayerArgs
 from superkube.agents import scale_governor
-from superkube.cluster import autoscaling, inventory, kube
+from superkube.cluster import autoscaling, inventory, kube, remediation
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -190,6 +190,47 @@ class Cluster(pulumi.ComponentResource):
                 autoscaling.IDENTITY_TAG: self.autoscaler_identity.client_id,
                 autoscaling.SCOPE_TAG: self.group.id,
             }
+        # remediation beside them deletes the VMs of nodes health cordoned, as an identity of its own
+        # whose custom role may only read the scale sets and delete their instances
+        self.remediation_identity: managedidentity.UserAssignedIdentity | None = None
+        self.remediation_role: authorization.RoleAssignment | None = None
+        if remediation.enabled(spec):
+            self.remediation_identity = managedidentity.UserAssignedIdentity(
+                f"{name}-remediation-identity",
+                resource_name_=f"id-{cluster}-remediation",
+                resource_group_name=self.group.name,
+                location=location,
+                tags=tags,
+                opts=child(self),
+            )
+            role = authorization.RoleDefinition(
+                f"{name}-remediation-role-definition",
+                role_definition_id=str(
+                    uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/remediation-role")
+                ),
+                role_name=f"superkube {cluster} remediation",
+                description="Read the cluster's scale sets and delete their instances; nothing else.",
+                role_type="CustomRole",
+                permissions=[authorization.PermissionArgs(actions=list(remediation.ROLE_ACTIONS))],
+                assignable_scopes=[self.group.id],
+                scope=self.group.id,
+                opts=child(self),
+            )
+            self.remediation_role = authorization.RoleAssignment(
+                f"{name}-remediation-role",
+                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/remediation")),
+                principal_id=self.remediation_identity.principal_id,
+                principal_type="ServicePrincipal",
+                role_definition_id=role.id,
+                scope=self.group.id,
+                opts=child(self),
+            )
+            autoscaler_tags = {
+                **autoscaler_tags,
+                remediation.IDENTITY_TAG: self.remediation_identity.client_id,
+                autoscaling.SCOPE_TAG: self.group.id,
+            }
+        identities = [i.id for i in (self.autoscaler_identity, self.remediation_identity) if i is not None]
         self.apiservers = ApiServers(
             f"{name}-apiservers",
             ApiServersArgs(
@@ -203,7 +244,7 @@ class Cluster(pulumi.ComponentResource):
                 vm_size=spec.apiserver_vm_size,
                 zones=zones,
                 tags=tags,
-                autoscaler_identity_id=self.autoscaler_identity.id if self.autoscaler_identity else None,
+                identity_ids=identities,
                 autoscaler_tags=autoscaler_tags,
                 **login,
             ),

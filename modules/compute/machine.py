@@ -50,8 +50,8 @@ class MachineArgs:
     """OS disk size in GiB (default: 128)."""
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
     """Extra dependencies of the NIC (default: none)."""
-    identity_id: pulumi.Input[str] | None = None
-    """Resource ID of a user-assigned identity the VM carries (default: none)."""
+    identity_ids: Sequence[pulumi.Input[str]] = ()
+    """Resource IDs of the user-assigned identities the VM carries (default: none)."""
 
     def __post_init__(self) -> None:
         require(len(self.vm_name) <= 64, "vm_name", f"{self.vm_name!r} is longer than Azure's 64 characters")
@@ -130,9 +130,9 @@ class Machine(pulumi.ComponentResource):
             else None,
             identity=compute.VirtualMachineIdentityArgs(
                 type=compute.ResourceIdentityType.USER_ASSIGNED,
-                user_assigned_identities=[args.identity_id],
+                user_assigned_identities=list(args.identity_ids),
             )
-            if args.identity_id is not None
+            if args.identity_ids
             else None,
             tags=args.tags,
             opts=child(self),

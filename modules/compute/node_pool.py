@@ -187,7 +187,7 @@ class NodePool(pulumi.ComponentResource):
                             )
                         ),
                         os_profile=compute.VirtualMachineScaleSetOSProfileArgs(
-                            computer_name_prefix=f"{pool.name}{plan.index}-",
+                            computer_name_prefix=plan.computer_name_prefix,
                             admin_username=args.admin_username,
                             linux_configuration=linux_ssh_only(args.admin_username, args.ssh_public_key),
                             custom_data=custom_data,

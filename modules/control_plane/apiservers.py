@@ -45,12 +45,13 @@ class ApiServersArgs:
     """Zones the API servers are spread over in turn (default: none, regional)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags on every resource (default: none)."""
-    autoscaler_identity_id: pulumi.Input[str] | None = None
-    """Resource ID of the identity cluster-autoscaler acts as on these hosts (default: none, no
-    autoscaler)."""
+    identity_ids: Sequence[pulumi.Input[str]] = ()
+    """Resource IDs of the identities the host services act as on these hosts: cluster-autoscaler's
+    and remediation's (default: none)."""
     autoscaler_tags: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
-    """Tags on the VMs that tell the autoscaler's host service that identity and its scope
-    (superkube.cluster.autoscaling's IDENTITY_TAG and SCOPE_TAG; default: none)."""
+    """Tags on the VMs that tell the host services those identities and their scope
+    (superkube.cluster.autoscaling's IDENTITY_TAG and SCOPE_TAG, superkube.cluster.remediation's
+    IDENTITY_TAG; default: none)."""
 
     def __post_init__(self) -> None:
         n = len(self.member_ips)
@@ -133,7 +134,7 @@ class ApiServers(pulumi.ComponentResource):
             backend_pool_ids=[pool_id],
             depends_on=[self.load_balancer],
             tags={**tags, **args.autoscaler_tags},
-            identity_id=args.autoscaler_identity_id,
+            identity_ids=args.identity_ids,
         )
         self.endpoint = f"https://{args.frontend_ip}:{API_PORT}"
         self.register_outputs({"endpoint": self.endpoint, "load_balancer_id": self.load_balancer.id})

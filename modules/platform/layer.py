@@ -26,7 +26,7 @@ from modules.platform.monitoring_access import MonitoringAccess, MonitoringAcces
 from modules.platform.node_health import NodeHealth, NodeHealthArgs
 from modules.platform.serving_certs import ServingCerts, ServingCertsArgs
 from modules.platform.team_capacity import TeamCapacity, TeamCapacityArgs
-from superkube.cluster import autoscaling, kube
+from superkube.cluster import autoscaling, kube, remediation
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
 
@@ -103,6 +103,7 @@ class InClusterLayer(pulumi.ComponentResource):
             NodeHealthArgs(
                 pools=sized,
                 api_address=args.apiserver_address,
+                remediation=remediation.enabled(spec),
                 max_cordoned_share=spec.health_max_cordoned_share,
                 dry_run=spec.health_dry_run,
                 dcgm_url=spec.health_dcgm_exporter_url,

@@ -47,6 +47,7 @@ from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
 from superkube.agents import node_health as node_health_agent
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
+from superkube.cluster import health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
 from superkube.cluster.kube import (
     CONTAINERD_METRICS_PORT,
@@ -72,10 +73,11 @@ HEALTH_FENCE = "superkube-node-health-own-node"
 HEALTH_CONTROLLER = "superkube-node-health-controller"
 CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
+REMEDIATION_FENCE_NAME = "superkube-remediation-nodes"
 # where health may never evict: the control plane's add-ons and superkube's own pods
 PROTECTED_NAMESPACES = node_health_agent.PROTECTED_NAMESPACES
 Agent = Literal["health", "preflight"]
-Fenced = Literal["preflight", "gpu-test", "health", "health-controller"]
+Fenced = Literal["preflight", "gpu-test", "health", "health-controller", "remediation"]
 SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
 # a writable /tmp for the GPU tests under a read-only root (CUDA and PyTorch keep caches there)
 SCRATCH = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
@@ -104,6 +106,9 @@ class NodeHealthArgs:
     """HOST:PORT of the API servers' load balancer, which the health agent checks it can reach."""
     scheduled_events: bool = True
     """The health agent reads its VM's scheduled events and approves them once drained."""
+    remediation: bool = True
+    """Remediation's user may read nodes and delete those health cordoned (its host service runs
+    where the stack turns it on)."""
     max_cordoned_share: float = 0.05
     """Share of a pool's nodes past preflight health may cordon before the breaker opens."""
     dry_run: bool = False
@@ -207,6 +212,18 @@ FENCES: dict[Fenced, Fence] = {
         None,
         (node_health_agent.VERDICT_ANNOTATION, node_health_agent.VERDICT_AT),
     ),
+    "remediation": Fence(
+        REMEDIATION_FENCE_NAME,
+        remediation.USER,
+        "remediation",
+        None,
+        (health.REMEDIATION_REQUESTED_AT,),
+        own_node=False,
+        only_if=(
+            f"has(oldObject.metadata.annotations) && '{health.CORDONED}' in oldObject.metadata.annotations",
+            "may change only a node health cordoned",
+        ),
+    ),
     "health-controller": Fence(
         CONTROLLER_FENCE,
         HEALTH_CONTROLLER,
@@ -294,8 +311,11 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
     return [{**rule, "reason": "Forbidden"} for rule in rules]
 
 
-def _policy(name: str, account: str, rule: Manifest, validations: list[dict[str, str]]) -> list[Manifest]:
-    """A ValidatingAdmissionPolicy for one service account's requests, and its binding."""
+def _policy(
+    name: str, account: str, rule: Manifest, validations: list[dict[str, str]], user: str = ""
+) -> list[Manifest]:
+    """A ValidatingAdmissionPolicy for one service account's requests (or `user`'s), and its binding."""
+    who = user or f"system:serviceaccount:{NAMESPACE}:{account}"
     return [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -307,7 +327,7 @@ def _policy(name: str, account: str, rule: Manifest, validations: list[dict[str,
                 "matchConditions": [
                     {
                         "name": "its-service-account",
-                        "expression": f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:{account}'",
+                        "expression": f"request.userInfo.username == '{who}'",
                     }
                 ],
                 "validations": validations,
@@ -339,6 +359,48 @@ def eviction_validations() -> list[dict[str, str]]:
         },
     ]
     return [{**rule, "reason": "Forbidden"} for rule in rules]
+
+
+def remediation_access() -> list[Manifest]:
+    """Remediation's user (a host service on the API servers, superkube.agents.remediation): read
+    nodes, mark one it asked Azure to delete, delete that Node once its VM is gone; fenced to nodes
+    health cordoned, and to its one annotation."""
+    name = user = remediation.USER
+    cordoned = (
+        f"has(oldObject.metadata.annotations) && '{health.CORDONED}' in oldObject.metadata.annotations "
+        "&& has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable"
+    )
+    marked = f"'{health.REMEDIATION_REQUESTED_AT}' in oldObject.metadata.annotations"
+    updates = fence_validations("remediation")
+    deletes = [
+        {"expression": f"{cordoned} && {marked}", "reason": "Forbidden",
+         "message": "remediation may delete only a node health cordoned whose VM it asked Azure to delete"},
+    ]  # fmt: skip
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": objects.meta(name, COMPONENT),
+            "rules": remediation.NODE_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": objects.meta(name, COMPONENT),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+        *_policy(
+            REMEDIATION_FENCE_NAME, "", {"operations": ["UPDATE"], "resources": ["nodes"]}, updates, user
+        ),
+        *_policy(
+            f"{REMEDIATION_FENCE_NAME}-delete",
+            "",
+            {"operations": ["DELETE"], "resources": ["nodes"]},
+            deletes,
+            user,
+        ),
+    ]
 
 
 def fence(agent: Fenced = "preflight") -> list[Manifest]:
@@ -642,6 +704,7 @@ def manifests(args: NodeHealthArgs) -> list[Manifest]:
         *fence(),
         *fence("health"),
         *fence("health-controller"),
+        *(remediation_access() if args.remediation else []),
         *(m for agent in agents for m in _access(agent)),
         *controller(args),
         *(daemonset(pool, vm, args, "preflight") for pool, vm in args.gpu_pools),

@@ -595,3 +595,33 @@ def test_no_fenced_agent_may_give_a_node_an_owner(fenced: LocalApi) -> None:
     assert "may not change the node's owners or finalizers" in refusal(
         lambda: agent.patch_node(node, finalizer)
     )
+
+
+def test_remediation_may_only_mark_and_delete_nodes_health_cordoned(api: LocalApi) -> None:
+    """Remediation's user, with the layer's RBAC and admission policies, on the real server: it
+    marks a node health cordoned and deletes it once marked; a node health did not cordon, a second
+    annotation or a Node not yet marked is refused."""
+    from kubernetes import client, config
+
+    from modules.platform import node_health as component
+    from superkube.cluster import health, remediation
+
+    apply(api, *component.remediation_access())
+    me = client.CoreV1Api(config.new_client_from_config(
+        config_file=str(api.client_kubeconfig("remediation", remediation.USER))))  # fmt: skip
+    pool = unique("rem")
+    sick, well = f"{pool}-a", f"{pool}-b"
+    for name in (sick, well):
+        make_node(api, name, {"superkube.io/pool": pool})
+    admin(api).patch_node(
+        sick, nh.cordon_patch("fatal: node: root filesystem remounted read-only", kubeapi.now())
+    )
+    mark = {"metadata": {"annotations": {health.REMEDIATION_REQUESTED_AT: kubeapi.stamp(kubeapi.now())}}}
+    assert "may change only a node health cordoned" in refusal(lambda: me.patch_node(well, mark))
+    assert "may delete only a node health cordoned" in refusal(lambda: me.delete_node(sick))
+    other = {"metadata": {"annotations": {health.DRAINED_AT: "x"}}}
+    assert "remediation may only set" in refusal(lambda: me.patch_node(sick, other))
+    me.patch_node(sick, mark)
+    me.delete_node(sick)
+    assert sick not in {n.metadata.name for n in admin(api).list_node().items}
+    assert "may delete only" in refusal(lambda: me.delete_node(well))

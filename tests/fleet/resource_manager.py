@@ -10,8 +10,9 @@ as Azure documents them, so a job that takes a step out of order fails here as i
 - a gallery image version from a VM that is not generalized is refused (400 BadRequest: a different
   OS state than its definition's Generalized), and a version's creation is long-running too;
 - deleting a VM deletes its NIC and OS disk when their deleteOption is Delete;
-- a scale set's instances are listed a page at a time (`nextLink`); power off, manual upgrade and
-  start take `instanceIds` and are long-running (`Location`); a manual upgrade gives an instance the
+- a scale set's instances are listed a page at a time (`nextLink`); power off, manual upgrade,
+  start and delete take `instanceIds` and are long-running (`Location`); a delete removes the
+  instances and lowers the set's capacity by as many; a manual upgrade gives an instance the
   model's image reference (its OS disk made again from it), and `on_power_off` / `on_start` let a
   test play the instances' guests (a kubelet stopping, a new one registering);
 - `throttle` answers the next requests with 429 and `Retry-After: 0`; `fail_next` and `fail_version`
@@ -103,7 +104,7 @@ class ResourceManager(ThreadingHTTPServer):
 
 VM = re.compile(r"^(?P<group>/subscriptions/[^/]+/resourcegroups/[^/]+)/providers/microsoft\.compute/virtualmachines/(?P<name>[^/]+)(?P<action>/deallocate|/generalize|/start|/instanceview)?$")  # fmt: skip
 SCALE_SET = re.compile(r"^.*/providers/microsoft\.compute/virtualmachinescalesets/[^/]+$")
-SCALE_SET_ACTION = re.compile(r"^(?P<set>.*/providers/microsoft\.compute/virtualmachinescalesets/[^/]+)/(?P<action>poweroff|manualupgrade|start|virtualmachines)$")  # fmt: skip
+SCALE_SET_ACTION = re.compile(r"^(?P<set>.*/providers/microsoft\.compute/virtualmachinescalesets/[^/]+)/(?P<action>poweroff|manualupgrade|start|delete|virtualmachines)$")  # fmt: skip
 VERSION = re.compile(r"^.*/providers/microsoft\.compute/galleries/[^/]+/images/[^/]+/versions/[^/]+$")
 
 
@@ -212,6 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
                     c["properties"]["latestModelApplied"] = True
                 elif action == "start":
                     c["_power"] = "running"
+                elif action == "delete":
+                    s.resources.pop(f"{scale_set}/virtualmachines/{c['instanceId']}".lower(), None)
+            if action == "delete" and "sku" in model:
+                model["sku"]["capacity"] = max(0, int(model["sku"].get("capacity", 0)) - len(chosen))
             if action == "poweroff":
                 s.on_power_off(names)
             if action == "start":

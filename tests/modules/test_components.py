@@ -349,20 +349,30 @@ def test_every_machines_role_tag_is_an_inventory_group(any_plan: Plan) -> None:
 
 
 def test_the_autoscalers_identity_may_resize_and_tag_in_its_group_only(any_plan: Plan) -> None:
-    """The identity on the API-server VMs holds two roles on the cluster's resource group: Virtual
-    Machine Contributor for the autoscaler's resizes and Tag Contributor for the governor's max tags
-    (the Tags API needs Microsoft.Resources/tags/write, which the first does not grant)."""
+    """The autoscaler's identity on the API-server VMs holds two roles on the cluster's resource
+    group: Virtual Machine Contributor for the autoscaler's resizes and Tag Contributor for the
+    governor's max tags (the Tags API needs Microsoft.Resources/tags/write, which the first does not
+    grant). Remediation's identity holds one custom role there, and nothing else."""
     from modules.cluster import TAG_CONTRIBUTOR, VIRTUAL_MACHINE_CONTRIBUTOR
+    from superkube.cluster import remediation
 
     roles = any_plan.of_type("azure-native:authorization:RoleAssignment")
     (group,) = [
         g for g in any_plan.of_type("azure-native:resources:ResourceGroup") if not g.name.endswith("-hub-rg")
     ]
-    assert sorted(r.inputs["roleDefinitionId"].rsplit("/", 1)[1] for r in roles) == sorted(
+    (custom,) = any_plan.of_type("azure-native:authorization:RoleDefinition")
+    (mine,) = [r for r in roles if r.inputs["roleDefinitionId"] == custom.id]
+    builtin = [r for r in roles if r is not mine]
+    assert sorted(r.inputs["roleDefinitionId"].rsplit("/", 1)[1] for r in builtin) == sorted(
         [VIRTUAL_MACHINE_CONTRIBUTOR, TAG_CONTRIBUTOR]
     )
     assert {r.inputs["scope"] for r in roles} == {group.id}
-    assert len({r.inputs["principalId"] for r in roles}) == 1
+    assert len({r.inputs["principalId"] for r in builtin}) == 1
+    assert mine.inputs["principalId"] not in {r.inputs["principalId"] for r in builtin}, (
+        "an identity of its own"
+    )
+    assert custom.inputs["permissions"] == [{"actions": list(remediation.ROLE_ACTIONS)}]
+    assert custom.inputs["assignableScopes"] == [group.id] and custom.inputs["scope"] == group.id
 
 
 def test_each_pool_kind_has_a_gallery_image_definition_and_marketplace_pools_keep_their_image(

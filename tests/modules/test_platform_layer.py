@@ -475,14 +475,20 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
         "superkube-node-health-own-node": "superkube-node-health'",
         "superkube-node-health-controller-nodes": "superkube-node-health-controller'",
         "superkube-node-health-evictions": "superkube-node-health-controller'",
+        # remediation (a user on the API-server hosts): a cordoned node's mark, then its Node object
+        "superkube-remediation-nodes": "request.userInfo.username == 'superkube-remediation'",
+        "superkube-remediation-nodes-delete": "request.userInfo.username == 'superkube-remediation'",
     }
     assert bindings == {name: {"policyName": name, "validationActions": ["Deny"]} for name in fenced}
     policies = {
         p["metadata"]["name"]: p for p in of_kind(any_plan, "ValidatingAdmissionPolicy", "node-health")
     }
     assert {
-        name: p["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[1] for name, p in policies.items()
+        name: p["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[-1] for name, p in policies.items()
     } == fenced
+    # remediation deletes Node objects and nothing else: no pods, no evictions
+    assert {(r, v) for rule in roles["superkube-remediation"]["rules"] for r in rule["resources"]
+            for v in rule["verbs"]} == {("nodes", v) for v in ("get", "list", "patch", "delete")}  # fmt: skip
 
 
 def test_periodic_gpu_tests_take_whole_idle_nodes_and_never_add_or_displace_any(any_plan: Plan) -> None:
@@ -531,6 +537,8 @@ def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -
         "superkube-node-health-evictions",
         "superkube-node-health-own-node",
         "superkube-preflight-own-node",
+        "superkube-remediation-nodes",  # remediation's, whatever the schedule
+        "superkube-remediation-nodes-delete",
     ]
 
 

@@ -56,15 +56,16 @@ from superkube.agents.kubeapi import (
     run_agent,
     stamp,
 )
+from superkube.cluster import health
 from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT, SYSTEM_NAMESPACE
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 
 COMPONENT = "superkube-node-health"
-ANNOTATION = "superkube.io/health-cordoned"  # the reason; marks the nodes this agent cordoned
-ANNOTATION_AT = "superkube.io/health-cordoned-at"
-VERDICT_ANNOTATION = "superkube.io/health-verdict"  # the node's agent's last verdict, with its reasons
-VERDICT_AT = "superkube.io/health-verdict-at"
-DRAINED_AT = "superkube.io/health-drained-at"  # the controller: every pod a drain moves is gone
+ANNOTATION = health.CORDONED  # the reason; marks the nodes health cordoned
+ANNOTATION_AT = health.CORDONED_AT
+VERDICT_ANNOTATION = health.VERDICT  # the node's agent's last verdict, with its reasons
+VERDICT_AT = health.VERDICT_AT
+DRAINED_AT = health.DRAINED_AT  # the controller: every pod a drain moves is gone
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 # never drained by health (and its eviction policy refuses them): the cluster's add-ons and
 # superkube's own pods (agents, balloons), which a node's drain does not need moved

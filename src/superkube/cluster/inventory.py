@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from superkube.cluster import autoscaling, join, kube
+from superkube.cluster import autoscaling, join, kube, remediation
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import ClusterSpec
 
@@ -36,6 +36,9 @@ def cluster_facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "scale_governor": autoscaling.governor_settings(spec, addresses),
         # the join-token publisher on the API servers: each token's life and how often a new one comes
         "join_tokens": {"ttl_s": join.DEFAULT_TTL_S, "rotate_s": join.DEFAULT_ROTATE_S},
+        # remediation beside them (none: not run); the host adds the scope and identity
+        "remediation": remediation.settings(spec, addresses),
+        "remediation_user": remediation.USER,
         "join_tokens_user": join.PUBLISHER,
         "join_tokens_documents_from": f"{join.PUBLISHER_NAMESPACE}/{join.DOCUMENTS_CONFIGMAP}",
         **kube.facts(spec, addresses),
@@ -78,6 +81,7 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             # on the API servers: the identity cluster-autoscaler uses and the group it acts in
             "superkube_autoscaler_identity": f"tags['{autoscaling.IDENTITY_TAG}'] | default('')",
             "superkube_autoscaler_scope": f"tags['{autoscaling.SCOPE_TAG}'] | default('')",
+            "superkube_remediation_identity": f"tags['{remediation.IDENTITY_TAG}'] | default('')",
         },
         "exclude_host_filters": [f"tags['cluster'] | default('') != '{cluster}'", "powerstate != 'running'"],
         "keyed_groups": [

@@ -73,6 +73,11 @@ class ScaleSetPlan:
     zones: tuple[str, ...]  # a pool that fits one set spans all its zones; split pools take one each in turn
     subnet: str
 
+    @property
+    def computer_name_prefix(self) -> str:
+        """Its instances' names (their nodes'): this, then the instance ID in base 36, six digits."""
+        return f"{self.pool}{self.index}-"
+
 
 @dataclass(frozen=True)
 class VnetPlan:

@@ -24,6 +24,7 @@ TAGLESS_TYPES = frozenset(
         "azure-native:network:VirtualNetworkPeering",
         "azure-native:network:Route",
         "azure-native:authorization:RoleAssignment",
+        "azure-native:authorization:RoleDefinition",
         "azure-native:network:SecurityRule",
     }
 )

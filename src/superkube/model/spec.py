@@ -106,6 +106,15 @@ class NodePool(_Model):
         default=0, ge=0, description="Autoscaler minimum (0 lets the pool scale from zero)."
     )
     gpus_per_node: int = Field(default=0, ge=0, le=16, description="GPUs per VM (0 for cpu pools).")
+    remediation_deadline_days: float = Field(
+        default=7,
+        gt=0,
+        le=30,
+        description=(
+            "Days a node health cordoned may stay in the fleet while pods a budget protects keep it busy; "
+            "then remediation deletes its VM anyway (a drained node goes at once)."
+        ),
+    )
     pod_ips_per_node: int = Field(
         ge=1, description="Secondary IPs per NIC, one per pod (alias-IP networking)."
     )
@@ -434,6 +443,15 @@ class ClusterSpec(_Model):
         description=(
             "Share of a pool's nodes past preflight the health agent may cordon; past it the agent's "
             "breaker opens and it stops cordoning until a person looks (alert HealthAgentBreakerOpen)."
+        ),
+    )
+    remediation_max_per_hour: int = Field(
+        default=10,
+        ge=0,
+        le=1000,
+        description=(
+            "VMs remediation may delete in an hour (nodes health cordoned, drained or past their pool's "
+            "deadline); 0: remediation does not run, and cordoned nodes stay until a person acts."
         ),
     )
     terminate_notice_minutes: int = Field(

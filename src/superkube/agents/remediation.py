@@ -1,0 +1,385 @@
+"""Remediation: a node health cordoned for a fatal finding leaves the fleet; its VM is deleted from its
+scale set, and the autoscaler brings the capacity back as pods wait for it.
+
+Why a service beside the scale governor and not a pod: deleting a VM needs an Azure identity, and
+pods have none (a node's identity would be every pod's on it through the instance metadata). It runs
+on the API-server VMs, leading where the autoscaler leads (its Lease, as the governor does), with an
+identity of its own (user-assigned) whose custom role may only read the cluster's scale sets and
+their instances and delete instances (`Microsoft.Compute/virtualMachineScaleSets/delete/action`),
+nothing else (modules/cluster.py).
+
+Every `interval_s` seconds, as the leader:
+- a node cordoned by health (superkube.agents.node_health: unschedulable, with the cordon
+  annotation) whose drain is done (the controller's `superkube.io/health-drained-at`), or whose
+  cordon is older than its pool's deadline (`deadline_days`, default 7: pods a budget protects may
+  keep a node busy that long), is deleted: its scale-set instance found from its name (a Uniform
+  scale set names an instance by the set's computer-name prefix and the instance ID in base 36, six
+  digits; the instance's own computerName is checked before anything is deleted), then `POST
+  .../virtualMachineScaleSets/{set}/delete` with its instance ID (Azure sends the VM a Terminate
+  scheduled event first: the scale sets' terminate notification). The node is marked
+  `superkube.io/remediation-requested-at` (the settings name it);
+- a marked node whose instance is gone (404) has its Node object deleted (nothing else does: no
+  cloud controller manager runs);
+- never more than `max_per_hour` deletions in an hour (a fleet-wide fault must not empty the fleet),
+  and never in a pool where health's share of cordoned nodes is past `max_cordoned_share` (the
+  health breaker's own limit: then a person looks first).
+
+Like the governor it is a host program on Debian's python3: this file and the governor's, copied side
+by side, and nothing else of superkube; the node facts it reads (annotation keys, the pool label, the
+preflight taint) come in its settings, which the inventory writes from the code that names them
+(`superkube.cluster.inventory`), so they are named once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+try:  # in the package; on a host, the governor's file beside this one
+    from superkube.agents.scale_governor import AzureTags, KubeReader, ServiceError, _read_json
+except ImportError:  # pragma: no cover (the host's layout, run by the role's test)
+    from scale_governor import AzureTags, KubeReader, ServiceError, _read_json
+
+log = logging.getLogger("superkube.remediation")
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What health writes on a node and how a node names its pool (from the settings)."""
+
+    cordoned: str  # node_health.ANNOTATION: the cordon's reason
+    cordoned_at: str  # node_health.ANNOTATION_AT
+    drained_at: str  # node_health.DRAINED_AT
+    requested_at: str  # this service: it asked Azure to delete the node's VM
+    pool_label: str
+    preflight_taint: str
+
+    def pool(self, node: Mapping[str, Any]) -> str:
+        return str((node["metadata"].get("labels") or {}).get(self.pool_label, ""))
+
+    def in_preflight(self, node: Mapping[str, Any]) -> bool:
+        return any(t.get("key") == self.preflight_taint for t in (node.get("spec") or {}).get("taints") or [])
+
+    def cordoned_by_health(self, node: Mapping[str, Any]) -> bool:
+        notes = node["metadata"].get("annotations") or {}
+        return self.cordoned in notes and bool((node.get("spec") or {}).get("unschedulable"))
+
+
+COMPUTE_API = "2024-07-01"
+DELETE_ACTION = "Microsoft.Compute/virtualMachineScaleSets/delete/action"
+INSTANCE_DIGITS = 6  # a Uniform scale set's computer name: prefix + instance ID in base 36, 6 digits
+DAY_S = 86400.0
+
+
+@dataclass(frozen=True)
+class ScaleSet:
+    name: str
+    prefix: str  # its computer-name prefix
+    pool: str
+
+
+def instance_of(node: str, sets: Sequence[ScaleSet]) -> tuple[ScaleSet, str] | None:
+    """(scale set, instance ID) of the node named `node`, from the sets' computer-name prefixes."""
+    for s in sorted(sets, key=lambda s: -len(s.prefix)):
+        rest = node[len(s.prefix) :]
+        if node.startswith(s.prefix) and len(rest) == INSTANCE_DIGITS:
+            try:
+                return s, str(int(rest, 36))
+            except ValueError:
+                continue
+    return None
+
+
+def _at(value: str) -> float | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    delete: list[str]  # nodes whose instances to delete now
+    forget: list[str]  # requested nodes whose instances are gone: delete their Node objects
+    held: dict[str, str]  # node -> why not now
+
+
+def decide(
+    nodes: Sequence[Mapping[str, Any]],
+    facts: NodeFacts,
+    sets: Sequence[ScaleSet],
+    deadlines_days: Mapping[str, float],
+    max_cordoned_share: float,
+    left_this_hour: int,
+    now: float,
+    gone: Callable[[str], bool] = lambda node: False,
+) -> Decision:
+    """This round's deletions, in the order the cordons were made."""
+    delete: list[str] = []
+    forget: list[str] = []
+    held: dict[str, str] = {}
+    by_pool: dict[str, list[Mapping[str, Any]]] = {}
+    for n in nodes:
+        by_pool.setdefault(facts.pool(n), []).append(n)
+    candidates = []
+    for pool, members in by_pool.items():
+        eligible = [n for n in members if not facts.in_preflight(n)]
+        ours = [n for n in eligible if facts.cordoned_by_health(n)]
+        breaker = bool(eligible) and len(ours) / len(eligible) > max_cordoned_share
+        for n in ours:
+            name = n["metadata"]["name"]
+            notes = n["metadata"].get("annotations") or {}
+            if facts.requested_at in notes:
+                if gone(name):
+                    forget.append(name)
+                continue
+            if breaker:
+                held[name] = (
+                    f"pool {pool}: {len(ours)} of {len(eligible)} nodes cordoned by health, past the breaker"
+                )
+                continue
+            cordoned_at = _at(notes.get(facts.cordoned_at, ""))
+            deadline = deadlines_days.get(pool, 7.0) * DAY_S
+            drained = bool(notes.get(facts.drained_at))
+            late = cordoned_at is not None and now - cordoned_at >= deadline
+            if not (drained or late):
+                held[name] = "not drained yet, and its deadline has not passed"
+                continue
+            if instance_of(name, sets) is None:
+                held[name] = "no scale set of this cluster names it"
+                continue
+            candidates.append((cordoned_at or 0.0, name))
+    for _, name in sorted(candidates):
+        if len(delete) >= left_this_hour:
+            held[name] = "the hour's deletions are spent"
+            continue
+        delete.append(name)
+    return Decision(delete, forget, held)
+
+
+class Instances(Protocol):
+    """Where instances are read and deleted: Azure's Compute API, or a test's stand-in."""
+
+    def computer_name(self, scale_set: str, instance_id: str) -> str | None: ...
+
+    def delete(self, scale_set: str, instance_id: str) -> None: ...
+
+
+class AzureInstances(AzureTags):
+    """The scale sets' instances through Resource Manager, as the service's managed identity."""
+
+    def _request(self, method: str, path: str, what: str, body: Any = None) -> Any:
+        url = f"{self.arm}{path}?api-version={COMPUTE_API}"
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
+        return _read_json(
+            urllib.request.Request(url, data=data, method=method, headers=headers), what, self.timeout
+        )
+
+    def computer_name(self, scale_set: str, instance_id: str) -> str | None:
+        path = f"{self.resource(scale_set)}/virtualMachines/{urllib.parse.quote(instance_id)}"
+        try:
+            vm = self._request("GET", path, f"reading instance {instance_id} of {scale_set}")
+        except ServiceError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+        return str(((vm or {}).get("properties") or {}).get("osProfile", {}).get("computerName", "")) or None
+
+    def delete(self, scale_set: str, instance_id: str, wait_s: float = 1800) -> None:
+        """Delete the instance and wait for Azure's operation to end (its `Azure-AsyncOperation`, else
+        its `Location`, at the pace `Retry-After` sets); ServiceError if it failed or outlived `wait_s`."""
+        what = f"deleting instance {instance_id} of {scale_set}"
+        url = f"{self.arm}{self.resource(scale_set)}/delete?api-version={COMPUTE_API}"
+        status, headers, _ = self._send("POST", url, what, {"instanceIds": [instance_id]})
+        deadline = time.monotonic() + wait_s
+        follow = headers.get("Azure-AsyncOperation") or headers.get("Location")
+        while status == 202 and follow:
+            if time.monotonic() > deadline:
+                raise ServiceError(f"{what}: not done after {wait_s:.0f} s")
+            time.sleep(min(float(headers.get("Retry-After") or 5), 30))
+            status, headers, body = self._send("GET", follow, what)
+            state = (body or {}).get("status") if isinstance(body, dict) else None
+            if state in ("Failed", "Canceled"):
+                raise ServiceError(f"{what}: {state}: {json.dumps((body or {}).get('error'))[:300]}")
+            if state == "Succeeded":
+                return
+            if state is None and status != 202:
+                return  # a Location answered with the result
+
+    def _send(self, method: str, url: str, what: str, body: Any = None) -> tuple[int, Any, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+                return resp.status, resp.headers, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode(errors="replace").strip()
+            raise ServiceError(f"{what}: HTTP {exc.code} {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ServiceError(f"{what}: {getattr(exc, 'reason', exc)}") from None
+
+
+@dataclass
+class Remediation:
+    kube: Any  # NodeWriter, or anything with get/patch/delete
+    instances: Instances
+    facts: NodeFacts
+    sets: Sequence[ScaleSet]
+    deadlines_days: Mapping[str, float]
+    max_per_hour: int
+    max_cordoned_share: float
+    clock: Callable[[], float] = time.time
+    done: deque[float] = field(default_factory=deque)  # when each deletion of the last hour was asked
+
+    def once(self) -> Decision:
+        now = self.clock()
+        while self.done and now - self.done[0] >= 3600:
+            self.done.popleft()
+        nodes = (self.kube.get("/api/v1/nodes") or {}).get("items") or []
+
+        def gone(name: str) -> bool:
+            found = instance_of(name, self.sets)
+            return found is not None and self.instances.computer_name(found[0].name, found[1]) is None
+
+        decision = decide(nodes, self.facts, self.sets, self.deadlines_days, self.max_cordoned_share,
+                          self.max_per_hour - len(self.done), now, gone)  # fmt: skip
+        for name in decision.delete:
+            found = instance_of(name, self.sets)
+            assert found is not None
+            scale_set, instance_id = found
+            actual = self.instances.computer_name(scale_set.name, instance_id)
+            if actual != name:  # never delete a VM on a guess
+                log.error("%s: instance %s of %s is %s, not this node; not deleting", name, instance_id,
+                          scale_set.name, actual or "gone")  # fmt: skip
+                continue
+            self.instances.delete(scale_set.name, instance_id)
+            self.done.append(now)
+            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.kube.patch(
+                f"/api/v1/nodes/{name}", {"metadata": {"annotations": {self.facts.requested_at: stamp}}}
+            )
+            notes = (
+                next(n for n in nodes if n["metadata"]["name"] == name)["metadata"].get("annotations") or {}
+            )
+            log.warning("%s: deleting instance %s of %s (%s)", name, instance_id, scale_set.name,
+                        notes.get(self.facts.cordoned, ""))  # fmt: skip
+        for name in decision.forget:
+            self.kube.delete(f"/api/v1/nodes/{name}")
+            log.warning("%s: its instance is gone; Node deleted", name)
+        for name, why in decision.held.items():
+            log.info("%s: held: %s", name, why)
+        return decision
+
+
+class NodeWriter(KubeReader):
+    """The governor's reader with the two writes remediation makes: a merge patch and a delete."""
+
+    def patch(self, path: str, body: Mapping[str, Any]) -> Any:
+        req = urllib.request.Request(
+            self.server + path, data=json.dumps(body).encode(), method="PATCH",
+            headers={"Accept": "application/json", "Content-Type": "application/merge-patch+json"},
+        )  # fmt: skip
+        return _read_json(req, f"PATCH {path}", self.timeout, self.tls)
+
+    def delete(self, path: str) -> Any:
+        req = urllib.request.Request(
+            self.server + path, method="DELETE", headers={"Accept": "application/json"}
+        )
+        try:
+            return _read_json(req, f"DELETE {path}", self.timeout, self.tls)
+        except ServiceError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The service's settings, written by the role from the stack."""
+
+    scope: str
+    client_id: str
+    scale_sets: list[dict[str, str]]
+    deadline_days: dict[str, float]
+    node_facts: dict[str, str]
+    max_per_hour: int = 10
+    max_cordoned_share: float = 0.05
+    interval_s: float = 60.0
+    arm: str = "https://management.azure.com"
+    imds: str = "http://169.254.169.254/metadata/identity/oauth2/token"
+
+    @classmethod
+    def load(cls, path: Path) -> ServiceConfig:
+        try:
+            data = json.loads(path.read_text())
+            config = cls(**data)
+            sets = [ScaleSet(**s) for s in config.scale_sets]
+            NodeFacts(**config.node_facts)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ServiceError(f"{path}: not the remediation service's settings ({exc})") from None
+        ok = (
+            config.scope.startswith("/subscriptions/") and "/resourceGroups/" in config.scope and bool(sets)
+            and config.max_per_hour >= 1 and 0 < config.max_cordoned_share <= 1 and config.interval_s > 0
+            and all(d > 0 for d in config.deadline_days.values())
+        )  # fmt: skip
+        if not ok:
+            raise ServiceError(
+                f"{path}: scope must be a resource group's ID, scale_sets at least one, max_per_hour >= 1, "
+                f"max_cordoned_share in (0, 1], interval_s and each deadline > 0"
+            )
+        return config
+
+    def sets(self) -> list[ScaleSet]:
+        return [ScaleSet(**s) for s in self.scale_sets]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="superkube-remediation", description=(__doc__ or "").splitlines()[0])
+    p.add_argument(
+        "--config", type=Path, required=True, help="the service's JSON settings (the role writes them)"
+    )
+    p.add_argument("--kubeconfig", type=Path, required=True, help="the service's own kubeconfig")
+    p.add_argument("--host", default=socket.gethostname(), help="the autoscaler's lease identity here")
+    p.add_argument("--check", action="store_true", help="load the settings and the kubeconfig, then exit")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        config = ServiceConfig.load(args.config)
+        kube = NodeWriter(args.kubeconfig)
+    except ServiceError as exc:
+        print(f"superkube-remediation: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        return 0
+    remediation = Remediation(
+        kube, AzureInstances(config.scope, config.client_id, config.arm, config.imds),
+        NodeFacts(**config.node_facts), config.sets(),
+        config.deadline_days, config.max_per_hour, config.max_cordoned_share,
+    )  # fmt: skip
+    while True:
+        try:
+            if kube.leader() == args.host:
+                remediation.once()
+        except ServiceError as exc:
+            log.error("%s; next round in %.0f s", exc, config.interval_s)
+        time.sleep(config.interval_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
