@@ -17,11 +17,11 @@ import runpy
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import pulumi
 import yaml
@@ -544,13 +544,57 @@ def _empty_stack_trace() -> Any:
     return source_pb2.StackTrace()
 
 
-def _close_thread_loop() -> None:
+_T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
+
+
+class _PlanLoop(asyncio.SelectorEventLoop):
+    """The plan's event loop: a call the SDK hands to an executor runs at once, in this thread.
+
+    Those calls are the program's requests to the monitor, which under the mock engine is a method of
+    this process, not a remote engine: registering a resource, answering an invoke. Handed to a worker
+    thread, each came back through the loop's self-pipe, and the two threads took turns at the
+    interpreter for every resource of the plan."""
+
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[*_Args], _T], *args: *_Args
+    ) -> asyncio.Future[_T]:
+        done = self.create_future()
+        try:
+            done.set_result(func(*args))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+
+def _at_once(awaitable: Any) -> Any:
+    """The mock monitor's `_sync_await`: its serializing of what it answers, run in this thread.
+
+    The monitor serializes a resource's state with the SDK's coroutine and waits for it on an event
+    loop; here the monitor runs inside the plan's running loop (`_PlanLoop`), from one of the loop's
+    own callbacks. The state is plain data, so the coroutine ends without waiting for anything; where
+    it does wait for a future, the loop runs until that future is done, as the SDK's wait does."""
+    if not asyncio.iscoroutine(awaitable):
+        return _sync_await(awaitable)
+    while True:
+        try:
+            waiting = awaitable.send(None)
+        except StopIteration as done:
+            return done.value
+        if waiting is not None:
+            waiting._asyncio_future_blocking = False
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                _sync_await(waiting)  # its outcome reaches the coroutine when it resumes
+
+
+@contextlib.contextmanager
+def _mock_calls_at_once() -> Iterator[None]:
+    taken = pulumi_mocks._sync_await
+    pulumi_mocks._sync_await = _at_once
     try:
-        thread_loop = asyncio.get_event_loop_policy().get_event_loop()
-    except RuntimeError:
-        return
-    thread_loop.close()
-    asyncio.set_event_loop(None)
+        yield
+    finally:
+        pulumi_mocks._sync_await = taken
 
 
 _SECRET_SIG = "4dabf18193072939515e22adb298388d"  # Pulumi's marker of a serialized secret value
@@ -591,12 +635,8 @@ def run(project: Path, stack: str, secrets: Mapping[str, str] | None = None) -> 
     main = project / "__main__.py"
 
     def body() -> tuple[list[Resource], dict[str, Any]]:
-        loop = asyncio.new_event_loop()
+        loop = _PlanLoop()
         asyncio.set_event_loop(loop)
-        # The mock engine answers invokes on an executor thread and gives that thread an event loop
-        # of its own; one worker we close ourselves keeps those loops from leaking.
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superkube-plan")
-        loop.set_default_executor(executor)
         try:
             pulumi.runtime.set_all_config(
                 {
@@ -620,13 +660,11 @@ def run(project: Path, stack: str, secrets: Mapping[str, str] | None = None) -> 
             outputs = _sync_await(pulumi.Output.from_input(exported).future()) or {}
             return monitor.recorded, _plain(outputs)
         finally:
-            executor.submit(_close_thread_loop).result()
-            executor.shutdown(wait=True)
             loop.close()
             asyncio.set_event_loop(None)
 
     try:
-        with collector.paused(), _no_stack_traces():
+        with collector.paused(), _no_stack_traces(), _mock_calls_at_once():
             recorded, outputs = contextvars.Context().run(body)
     except pulumi.RunError as exc:
         raise PlanError(str(exc)) from None
