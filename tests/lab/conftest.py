@@ -39,6 +39,7 @@ ORDER = {
         "test_running_nodes.py",
         "test_running_the_agents.py",
         "test_training_job.py",
+        "test_health_loop.py",
         "test_split_control_plane.py",
         "test_scaling_out.py",
         "test_upgrading_nodes.py",

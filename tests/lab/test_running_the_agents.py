@@ -101,6 +101,7 @@ def test_the_agents_run_as_pods_of_the_image_built_from_this_checkout(agents: La
     pool = gpu_pool(agents)
     expected = {
         f"{node_health.HEALTH}-{pool}": 1,  # on gpu-1 (gpu-2 has not joined yet)
+        f"{node_health.HEALTH}-{agents.host('cpu-1').pool}": 1,  # every pool's nodes have theirs
         node_health.HEALTH_CONTROLLER: 2,
         # one of its two: replicas on different nodes (required), and cpu-1 is the one node that
         # admits it (the GPU nodes are the team `any`'s)

@@ -11,7 +11,9 @@
 - four instances boot from the image with that custom data alone, back to back: each one's kubelet joins
   by that token (its CSR says so), registers as the plan says, passes preflight and is schedulable,
   and no SSH login ever reached any of them;
-- scale-in drains and deletes two: their Nodes are gone and the next instance takes a freed address.
+- scale-in drains and deletes two: their Nodes are gone and the next instance takes a freed address;
+- a node health cordoned for a fatal GPU is returned by name, as remediation deletes its VM, and a
+  new instance joins behind preflight in its place.
 
 Shares the control-plane lab (same shape) and runs after test_split_control_plane (tests/lab/conftest.py
 orders the modules of a shape).
@@ -192,3 +194,31 @@ def test_scale_in_drains_and_deletes_and_the_next_instance_takes_a_freed_address
     assert not [line for line in links.splitlines() if " skl" in line]  # every veth end is in a namespace
     again = scaleout.scale_out(after, baked["pool"], 1)
     assert after.host(again[0].name).address in freed
+
+
+def test_a_fatal_instance_leaves_and_a_new_one_joins_behind_preflight_in_its_place(
+    scaled: dict[str, Any], baked: dict[str, Any]
+) -> None:
+    """The end of the health loop on real instances: a node whose GPU falls off the bus is cordoned
+    by health, its instance is returned by name (what remediation's delete does to a scale set), and
+    a new instance from the pool's image joins, passes preflight and is schedulable."""
+    from superkube.agents import node_health as health
+    from superkube.lab import faults
+
+    fleet = Lab.load()
+    assert fleet is not None
+    sick = scaled["new"][0]
+    faults.inject(fleet, sick, "gpu-fatal")
+    wait_for(f"{sick}: cordoned by health", lambda: (lambda n: n["spec"].get("unschedulable") and health.ANNOTATION
+             in (n["metadata"].get("annotations") or {}))(get(fleet, "node", sick)), timeout=120)  # fmt: skip
+    result = CliRunner().invoke(app, ["lab", "scale", baked["pool"], "-1", "--name", sick])
+    assert result.exit_code == 0, result.output
+    after = Lab.load()
+    assert after is not None and sick not in {h.name for h in after.hosts}
+    assert sick not in {n["metadata"]["name"] for n in get(after, "nodes")["items"]}
+    (new,) = scaleout.scale_out(after, baked["pool"], 1)
+    node = get(after, "node", new.name)
+    assert not node["spec"].get("unschedulable")
+    assert PREFLIGHT_TAINT_KEY not in {t["key"] for t in node["spec"].get("taints") or []}
+    events = get(after, "events", "-A", f"--field-selector=involvedObject.name={new.name}")["items"]
+    assert "PreflightPassed" in {e["reason"] for e in events}

@@ -220,6 +220,10 @@ def lab_scale(
     change: Annotated[
         str, typer.Argument(help="+N instances from the baked image, or -N to return the newest N.")
     ],
+    name: Annotated[
+        list[str] | None,
+        typer.Option("--name", help="With -N: the instances to return (as remediation deletes a VM)."),
+    ] = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """Add instances to a pool, or drain and delete some.
@@ -230,10 +234,12 @@ def lab_scale(
     sign, digits = change[:1], change[1:]
     if sign not in "+-" or not digits.isdigit() or int(digits) == 0:
         fail(f"{change!r}: give +N to add instances or -N to return them, e.g. `lab scale {pool} +4`")
+    if name and sign != "-":
+        fail(f"--name goes with -N (the instances to return), not with {change!r}")
     fleet = _loaded()
     say = lambda what: err.print(what, highlight=False)  # noqa: E731
     if sign == "-":
-        gone = _lab_call(scaleout.scale_in, fleet, pool, int(digits), say)
+        gone = _lab_call(scaleout.scale_in, fleet, pool, int(digits), say, name or [])
         out.print(f"{pool}: returned {', '.join(gone)}")
         return
     added = _lab_call(scaleout.scale_out, fleet, pool, int(digits), 300, say)
@@ -246,6 +252,29 @@ def lab_scale(
         out.print(
             f"{i.name}: Ready {i.boot_to_ready_s:.1f} s, schedulable {i.boot_to_schedulable_s:.1f} s after boot"
         )
+
+
+@lab_app.command("fault", cls=Command)
+def lab_fault(
+    host: Annotated[str, typer.Argument(help="The node, e.g. gpu-2 or cpu-1.")],
+    kind: Annotated[
+        str,
+        typer.Argument(help="scheduled-event, disk-full, api-unreachable, gpu-fatal, or clear."),
+    ],
+    event_type: Annotated[
+        str, typer.Option("--type", help="The scheduled event: Reboot, Redeploy or Terminate.")
+    ] = "Reboot",
+    not_before: Annotated[
+        int, typer.Option("--in", help="Seconds until the scheduled event's NotBefore.", min=1)
+    ] = 300,
+) -> None:
+    """Put a fault on a lab node for the health loop to find, or clear it.
+
+    Each is real and confined to the node; `clear` takes them all away (the node
+    stays cordoned until a person uncordons it)."""
+    from superkube.lab import faults
+
+    out.print(_lab_call(faults.inject, _loaded(), host, kind, event_type, not_before))
 
 
 @lab_app.command("roll", cls=Command)

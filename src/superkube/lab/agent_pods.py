@@ -11,7 +11,7 @@ everything it changes is listed here, and nowhere else:
   `--burn-seconds=0` and the agents' resources (the burn asks for 2 CPUs and 16 GiB): the probe, the
   verdict and the patch that lifts the taint are the production code; the burn is not run.
 - Rounds every ROUND_S seconds instead of the layer's minute, so that a test waits seconds.
-- The health controller's breaker at BREAKER_SHARE: the lab's GPU pool has two nodes, and the
+- The health controller's breaker at BREAKER_SHARE: the lab's pools have one or two nodes, and the
   flagship's 5 % would never let health cordon one of them.
 - The periodic GPU test's CronJob is left out: its image and its GPUs do not exist here.
 - NVIDIA's device plugin (the gpu-devices DaemonSet) is the lab's own (images/lab-device-plugin):
@@ -38,7 +38,7 @@ READING_DIR = "/var/lib/superkube-lab"  # on each lab GPU host
 READING = f"{READING_DIR}/gpu-reading.json"
 MOUNT = "/run/superkube-lab"  # where the agents see READING_DIR
 ROUND_S = 5
-BREAKER_SHARE = 0.5
+BREAKER_SHARE = 1.0
 LAB_GPU = "NVIDIA H100 80GB HBM3 (lab reading)"
 FAULTS = ("healthy", "gpu-missing", "xid-79")
 

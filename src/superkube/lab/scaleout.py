@@ -478,15 +478,26 @@ def _until_schedulable(
 
 
 def scale_in(
-    lab: Lab, pool: str, count: int, progress: Callable[[str], None] = lambda what: None
+    lab: Lab,
+    pool: str,
+    count: int,
+    progress: Callable[[str], None] = lambda what: None,
+    names: Sequence[str] = (),
 ) -> list[str]:
-    """Return the pool's newest `count` instances: each drained (PodDisruptionBudgets respected),
+    """Return `count` of the pool's instances, the ones `names` gives (as remediation deletes a
+    named VM from its scale set) or else the newest: each drained (PodDisruptionBudgets respected),
     its Node deleted, and the instance deleted, its addresses free for the next."""
     group = _pool_group(lab, pool)
     mine = [h for h in lab.hosts if h.pool == pool and h.group == group]
     if count > len(mine):
         raise LabError(f"pool {pool} has {len(mine)} instances; cannot take {count} away")
-    gone = [h.name for h in mine[len(mine) - count :]]
+    unknown = sorted(set(names) - {h.name for h in mine})
+    if unknown or (names and len(names) != count):
+        raise LabError(
+            f"pool {pool}: give {count} of its instances ({', '.join(h.name for h in mine)}); "
+            f"got {', '.join(names)}"
+        )
+    gone = list(names) or [h.name for h in mine[len(mine) - count :]]
     for name in gone:
         _drain(lab, name)
         progress(f"{name}: drained")
