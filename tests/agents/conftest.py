@@ -3,8 +3,12 @@ pods bound to them, service accounts and the tokens a kubelet would mint for a p
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +109,14 @@ def identity(api: LocalApi, ns: str, name: str, node: str) -> Path:
     }
     token = core.create_namespaced_service_account_token(name, ns, request).status.token
     return api.token_kubeconfig(pod, token)
+
+
+@contextlib.contextmanager
+def serving(server: ThreadingHTTPServer) -> Iterator[str]:
+    """`server` answering on its loopback port in a thread while the block runs; its base URL."""
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,13 +8,13 @@ import http.server
 import os
 import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from superkube.agents import host_checks as hc
+from tests.agents.conftest import serving
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,discard,errors=remount-ro
@@ -133,13 +133,8 @@ def endpoint() -> Iterator[tuple[str, list[int]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/healthz", status
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)) as url:
+        yield f"{url}/healthz", status
 
 
 def closed_port() -> int:

@@ -4,7 +4,6 @@ the lab's events file)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import ThreadingHTTPServer
@@ -17,6 +16,7 @@ from superkube.agents import gpu_probe
 from superkube.agents import node_health as nh
 from superkube.agents import scheduled_events as se
 from superkube.lab import imds
+from tests.agents.conftest import serving
 from tests.agents.test_node_health import node
 
 AT = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
@@ -95,13 +95,8 @@ def metadata(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     docs = tmp_path / "imds.json"
     docs.write_text("{}")
     events = docs.with_name(imds.EVENTS)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), imds.handler(lambda source: doc, events))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", events
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), imds.handler(lambda source: doc, events))) as url:
+        yield url, events
 
 
 def test_the_client_reads_its_vm_and_its_events_and_approves_them(metadata: tuple[str, Path]) -> None:

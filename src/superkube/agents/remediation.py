@@ -32,10 +32,8 @@ preflight taint) come in its settings, which the inventory writes from the code 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import socket
 import sys
 import time
 import urllib.error
@@ -49,9 +47,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 try:  # in the package; on a host, the governor's file beside this one
-    from superkube.agents.scale_governor import AzureTags, KubeReader, ServiceError, _read_json
+    from superkube.agents.scale_governor import (
+        AzureTags,
+        KubeReader,
+        ServiceError,
+        _read_json,
+        service_parser,
+    )
 except ImportError:  # pragma: no cover (the host's layout, run by the role's test)
-    from scale_governor import AzureTags, KubeReader, ServiceError, _read_json
+    from scale_governor import AzureTags, KubeReader, ServiceError, _read_json, service_parser
 
 log = logging.getLogger("superkube.remediation")
 
@@ -350,13 +354,7 @@ class ServiceConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="superkube-remediation", description=(__doc__ or "").splitlines()[0])
-    p.add_argument(
-        "--config", type=Path, required=True, help="the service's JSON settings (the role writes them)"
-    )
-    p.add_argument("--kubeconfig", type=Path, required=True, help="the service's own kubeconfig")
-    p.add_argument("--host", default=socket.gethostname(), help="the autoscaler's lease identity here")
-    p.add_argument("--check", action="store_true", help="load the settings and the kubeconfig, then exit")
+    p = service_parser("superkube-remediation", (__doc__ or "").splitlines()[0])
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:

@@ -530,21 +530,27 @@ def serve(governor: Governor, kube: KubeReader, host: str) -> Callable[[], str |
     return read
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="superkube-scale-governor",
-        description="Hold cluster-autoscaler's scale-ups to the safe join rate by setting each scale set's max tag.",
-    )
+def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options of a host service on the API-server hosts (this one, and remediation beside it)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument(
         "--config", type=Path, required=True, help="the service's JSON settings (the role writes them)"
     )
-    p.add_argument("--kubeconfig", type=Path, required=True, help="the governor's own kubeconfig")
+    p.add_argument("--kubeconfig", type=Path, required=True, help="the service's own kubeconfig")
     p.add_argument(
         "--host",
         default=socket.gethostname(),
         help="the autoscaler's lease identity here (default: the host name)",
     )
     p.add_argument("--check", action="store_true", help="load the settings and the kubeconfig, then exit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = service_parser(
+        "superkube-scale-governor",
+        "Hold cluster-autoscaler's scale-ups to the safe join rate by setting each scale set's max tag.",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
