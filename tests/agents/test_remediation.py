@@ -129,9 +129,10 @@ def rm() -> Iterator[ResourceManager]:
     with ResourceManager() as server:
         for s in SETS:
             path = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/{s.name}"
-            server.add(path, {"sku": {"name": "Standard_ND96isr_H100_v5", "capacity": 3}, "properties": {}})
+            server.add(path, {"sku": {"name": "Standard_ND96isr_H100_v5", "capacity": 4}, "properties": {}})
             for i in range(3):
                 server.add_instance(path, str(i), f"{s.prefix}{i:06d}", {"id": "image"})
+            server.add_instance(path, "35", f"{s.prefix}00000Z", {"id": "image"})  # as Azure writes it
         yield server
 
 
@@ -153,9 +154,18 @@ def test_a_drained_node_is_deleted_from_its_scale_set_then_from_the_cluster(rm: 
         service.once()
         if "gpu0-000002" not in kube.nodes:
             break
-    assert [i["instanceId"] for i in rm.instances(vmss)] == ["0", "1"]
-    assert rm.get(vmss)["sku"]["capacity"] == 2 and "gpu0-000002" not in kube.nodes
+    assert [i["instanceId"] for i in rm.instances(vmss)] == ["0", "1", "35"]
+    assert rm.get(vmss)["sku"]["capacity"] == 3 and "gpu0-000002" not in kube.nodes
     assert len(service.done) == 1, "one deletion counted in the hour"
+
+
+def test_the_instance_named_in_upper_case_is_the_node_named_in_lower_case(rm: ResourceManager) -> None:
+    kube = Kube(fleet(node("gpu0-00000z", cordoned_ago=600, drained=True), size=3))
+    service = rem.Remediation(kube, Instances(SCOPE, "client", rm.url), FACTS, SETS, {"gpu": 7.0}, 10, 0.5,
+                              clock=lambda: NOW)  # fmt: skip
+    assert service.once().delete == ["gpu0-00000z"]
+    vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
+    assert "35" not in [i["instanceId"] for i in rm.instances(vmss)]
 
 
 def test_an_instance_that_is_another_vm_is_never_deleted(rm: ResourceManager) -> None:

@@ -14,7 +14,8 @@ Every `interval_s` seconds, as the leader:
   cordon is older than its pool's deadline (`deadline_days`, default 7: pods a budget protects may
   keep a node busy that long), is deleted: its scale-set instance found from its name (a Uniform
   scale set names an instance by the set's computer-name prefix and the instance ID in base 36, six
-  digits; the instance's own computerName is checked before anything is deleted), then `POST
+  digits, upper case, which the kubelet's node name has lower case; the instance's own computerName
+  is checked before anything is deleted), then `POST
   .../virtualMachineScaleSets/{set}/delete` with its instance ID (Azure sends the VM a Terminate
   scheduled event first: the scale sets' terminate notification). The node is marked
   `superkube.io/remediation-requested-at` (the settings name it);
@@ -268,7 +269,9 @@ class Remediation:
             assert found is not None
             scale_set, instance_id = found
             actual = self.instances.computer_name(scale_set.name, instance_id)
-            if actual != name:  # never delete a VM on a guess
+            # never delete a VM on a guess (Azure writes the base-36 digits upper case; the kubelet
+            # registers the host name lower case)
+            if actual is None or actual.lower() != name.lower():
                 log.error("%s: instance %s of %s is %s, not this node; not deleting", name, instance_id,
                           scale_set.name, actual or "gone")  # fmt: skip
                 continue
