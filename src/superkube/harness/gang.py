@@ -47,6 +47,8 @@ from superkube.model.teams import TEAM_KEY, TeamTuple
 BUILT = ("scheduler-plugins", "scheduler-plugins-controller", "mpi-operator")
 CONTROLLER, OPERATOR = CONTROLLER_NAME, MPI_OPERATOR_NAME
 CONTROLLER_MANAGER = ("job", "garbagecollector", "nodelifecycle")
+WORKLOAD_CONTROLLERS = ("deployment", "replicaset", "disruption")
+"""What a Deployment's pods and a PodDisruptionBudget's status need besides: not run unless asked."""
 TOKEN_LIFETIME = "24h"
 _CLONE_NEWNET = 0x40000000
 _netns_names = itertools.count()
@@ -326,11 +328,17 @@ def _start(
                             *operator["args"], f"--kubeConfig={config}"])  # fmt: skip
 
 
-def _start_scheduling(gang: Gang, built: build.Built, config: str, flags: Mapping[str, str]) -> None:
-    """The controller-manager (`CONTROLLER_MANAGER`), and the scheduler with the role's configuration
+def _start_scheduling(
+    gang: Gang,
+    built: build.Built,
+    config: str,
+    flags: Mapping[str, str],
+    controllers: Sequence[str] = CONTROLLER_MANAGER,
+) -> None:
+    """The controller-manager (running `controllers`), and the scheduler with the role's configuration
     as system:kube-scheduler."""
     api, d = gang.api, gang.dir
-    api.start_controller_manager(CONTROLLER_MANAGER)
+    api.start_controller_manager(controllers)
     gang.scheduler_kubeconfig = api.client_kubeconfig("kube-scheduler", "system:kube-scheduler")
     local = {k: _local(v, gang.scheduler_kubeconfig, d) for k, v in flags.items()}
     local["secure-port"] = str(apiserver.free_port())  # not the default: several labs on one machine
@@ -346,9 +354,12 @@ def scheduling(
     scheduler_config: str,
     scheduler_flags: Mapping[str, str],
     progress: Callable[[str], None] = lambda line: None,
+    controllers: Sequence[str] = CONTROLLER_MANAGER,
 ) -> Iterator[Gang]:
     """Only the scheduler and the controller-manager of `running`: for what needs pods placed (and
-    nodes' not-ready taints lifted) but no gang controller or MPI Operator."""
+    nodes' not-ready taints lifted) but no gang controller or MPI Operator. `controllers`: the
+    controller-manager's (`CONTROLLER_MANAGER` unless given), e.g. with `WORKLOAD_CONTROLLERS` for
+    Deployments and PodDisruptionBudgets."""
     wanted = [c for c in build.components() if c.name == "scheduler-plugins"]
     try:
         (built,) = build.build_all(wanted, lambda c, what: progress(f"{c}: {what}"))
@@ -357,7 +368,7 @@ def scheduling(
     workdir.mkdir(parents=True, exist_ok=True)
     gang = Gang(api, workdir)
     try:
-        _start_scheduling(gang, built, scheduler_config, scheduler_flags)
+        _start_scheduling(gang, built, scheduler_config, scheduler_flags, controllers)
         yield gang
     finally:
         gang.stop()
