@@ -20,13 +20,14 @@ from modules.common import require
 from modules.platform import objects
 from modules.platform.foundation import BALLOON_PRIORITY, NAMESPACE
 from modules.platform.objects import Manifest
+from superkube.cluster import autoscaling
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.teams import TAINT_EFFECT, TEAM_KEY
 from superkube.model.vmsizes import VmSize, fill_one_node
 
-COMPONENT = "balloons"
+COMPONENT = autoscaling.BALLOONS
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
@@ -66,7 +67,7 @@ def tolerations(pool: PoolSpec) -> list[dict[str, str]]:
 
 
 def deployment(pool: PoolSpec, vm: VmSize, args: BalloonsArgs) -> Manifest:
-    name = f"balloon-{pool.name}"
+    name = f"{autoscaling.BALLOON_PREFIX}{pool.name}"
     selector = {"app.kubernetes.io/name": name}
     requests = fill_one_node(vm)
     return {

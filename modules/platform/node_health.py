@@ -47,7 +47,7 @@ from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
 from superkube.agents import node_health as node_health_agent
 from superkube.agents.gpu_probe import THRESHOLDS
 from superkube.agents.preflight import RESULT_ANNOTATION
-from superkube.cluster import health, remediation
+from superkube.cluster import autoscaling, health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
 from superkube.cluster.kube import (
     CONTAINERD_METRICS_PORT,
@@ -349,8 +349,11 @@ def eviction_validations() -> list[dict[str, str]]:
     protected = ", ".join(f"'{n}'" for n in PROTECTED_NAMESPACES)
     rules = [
         {
-            "expression": f"!(request.namespace in [{protected}])",
-            "message": f"the health controller may not evict pods of {' or '.join(PROTECTED_NAMESPACES)}",
+            # the balloons are the exception: placeholders, which a cordoned node would otherwise keep
+            "expression": f"!(request.namespace in [{protected}]) || (request.namespace == '{NAMESPACE}' "
+            f"&& request.name.startsWith('{autoscaling.BALLOON_PREFIX}'))",
+            "message": f"the health controller may not evict pods of {' or '.join(PROTECTED_NAMESPACES)} "
+            "but the balloons",
         },
         {
             "expression": "!has(object.deleteOptions) || !has(object.deleteOptions.gracePeriodSeconds) || "

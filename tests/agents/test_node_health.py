@@ -164,6 +164,16 @@ def test_behind_the_preflight_taint_the_agent_reports_preflight_not_its_reading(
     ]
 
 
+def test_a_drain_moves_the_balloons_but_no_other_system_pod() -> None:
+    held = pod("balloon-gpu-5d8f9-x2x", "superkube-system",
+               meta={"labels": {"app.kubernetes.io/component": "balloons"}})  # fmt: skip
+    agent = pod("superkube-node-health-gpu-x", "superkube-system", owner="DaemonSet")
+    lookalike = pod("balloon-gpu-fake", "superkube-system")  # no balloons label: not one of ours
+    assert [p.name for p in nh.evictable([held, agent, lookalike, *PODS])] == [
+        "balloon-gpu-5d8f9-x2x", "trainer-0", "trainer-1"
+    ]  # fmt: skip
+
+
 def test_an_already_cordoned_node_only_moves_what_is_left() -> None:
     n = node("gpu-1", cordoned=True)
     d = nh.decide(verdict_of("xid-95-uncontained"), n, [n, *POOL[1:]], PODS, 0.05)

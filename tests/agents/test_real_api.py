@@ -395,6 +395,15 @@ def test_the_controller_may_evict_workloads_but_not_the_system(fenced: LocalApi)
     assert "grace period to 0" in refusal(lambda: evict(work, "trainer", 0))
     evict(work, "trainer")
     assert admin(fenced).read_namespaced_pod("trainer", work).metadata.deletion_timestamp is not None
+    # but a balloon on a cordoned node goes, or the autoscaler would keep the node it fills
+    from modules.platform.foundation import NAMESPACE
+
+    agent, held = unique("superkube-node-health-x"), f"balloon-{unique('gpu')}"
+    for name in (agent, held):
+        make_pod(fenced, NAMESPACE, name, node, service_account="superkube-test-system")
+    assert "may not evict pods of" in refusal(lambda: evict(NAMESPACE, agent))
+    evict(NAMESPACE, held)
+    assert admin(fenced).read_namespaced_pod(held, NAMESPACE).metadata.deletion_timestamp is not None
 
 
 # --- team capacity through the real API server --------------------------------------------------

@@ -56,7 +56,7 @@ from superkube.agents.kubeapi import (
     run_agent,
     stamp,
 )
-from superkube.cluster import health
+from superkube.cluster import autoscaling, health
 from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT, SYSTEM_NAMESPACE
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 
@@ -103,17 +103,29 @@ def cordoned_by_us(node: Mapping[str, Any]) -> bool:
     return annotated and bool((node.get("spec") or {}).get("unschedulable"))
 
 
+def balloon(pod: Mapping[str, Any]) -> bool:
+    """One of the layer's balloons: a placeholder, moved by a drain like a workload's pod."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return (
+        meta.get("namespace") == SYSTEM_NAMESPACE
+        and labels.get("app.kubernetes.io/component") == autoscaling.BALLOONS
+        and str(meta.get("name", "")).startswith(autoscaling.BALLOON_PREFIX)
+    )
+
+
 def evictable(
     pods: Iterable[Mapping[str, Any]], protected: Iterable[str] = PROTECTED_NAMESPACES
 ) -> tuple[PodRef, ...]:
     """The pods a drain moves: not DaemonSet pods (they come back), not mirror pods (the kubelet's
     own), not pods that have finished, none in the `protected` namespaces (health's drain leaves the
-    system alone; a roll, whose node goes away, protects none)."""
+    system alone; a roll, whose node goes away, protects none) but the balloons, which would
+    otherwise keep the node: the autoscaler removes no node a balloon fills."""
     kept = frozenset(protected)
     out = []
     for pod in pods:
         meta = pod.get("metadata") or {}
-        if meta.get("namespace", "default") in kept:
+        if meta.get("namespace", "default") in kept and not balloon(pod):
             continue
         owners = meta.get("ownerReferences") or []
         if any(o.get("kind") == "DaemonSet" for o in owners):

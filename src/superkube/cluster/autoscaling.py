@@ -45,6 +45,12 @@ IMAGE = f"registry.k8s.io/autoscaling/cluster-autoscaler:v{VERSION}"
 FLAGS = Path(__file__).resolve().parents[3] / "data" / "cluster-autoscaler" / f"{VERSION}.flags"
 NODE_TEMPLATE = "k8s.io_cluster-autoscaler_node-template"
 """Prefix of the scale-from-zero template tags (labels, taints, resources) on a scale set."""
+BALLOONS = "balloons"
+"""The balloons' component label (modules/platform/balloons); each pool's Deployment is BALLOON_PREFIX
+and the pool's name. Placeholders that hold a node for the next job: health's drain moves them
+too, or a cordoned node would keep its balloon, and the autoscaler a node a balloon fills
+(bench/scale_down.py saw it)."""
+BALLOON_PREFIX = "balloon-"
 EXPENDABLE_CUTOFF = -10
 """`--expendable-pods-priority-cutoff`: pods below it never cause a scale-up (upstream default)."""
 PRIORITY_CLASS_MAX = 1_000_000_000
