@@ -43,10 +43,7 @@ from modules.platform import objects
 from modules.platform.balloons import tolerations as pool_tolerations
 from modules.platform.foundation import GPU_TEST_PRIORITY, NAMESPACE, NODE_AGENT_PRIORITY
 from modules.platform.objects import Manifest
-from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_test
-from superkube.agents import node_health as node_health_agent
-from superkube.agents.gpu_probe import THRESHOLDS
-from superkube.agents.preflight import RESULT_ANNOTATION
+from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE
 from superkube.cluster import autoscaling, health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
 from superkube.cluster.kube import (
@@ -57,7 +54,7 @@ from superkube.cluster.kube import (
     NODE_AGENTS_METRICS_PORT,
     PREFLIGHT_METRICS_PORT,
 )
-from superkube.model.spec import PREFLIGHT_TAINT_KEY
+from superkube.model.spec import PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
 from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.vmsizes import GPU_RESOURCE, VmSize
 
@@ -75,7 +72,7 @@ CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
 REMEDIATION_FENCE_NAME = "superkube-remediation-nodes"
 # where health may never evict: the control plane's add-ons and superkube's own pods
-PROTECTED_NAMESPACES = node_health_agent.PROTECTED_NAMESPACES
+PROTECTED_NAMESPACES = health.PROTECTED_NAMESPACES
 Agent = Literal["health", "preflight"]
 Fenced = Literal["preflight", "gpu-test", "health", "health-controller", "remediation"]
 SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
@@ -117,7 +114,7 @@ class NodeHealthArgs:
     """Seconds between probe rounds (both agents)."""
     image: str = AGENTS_IMAGE
     """The agents' image (default: the one built from this checkout's Dockerfile, pinned)."""
-    thresholds: Path = THRESHOLDS
+    thresholds: Path = health.THRESHOLDS
     """The thresholds file the ConfigMap is made from."""
     dcgm_url: str = ""
     """The node's dcgm-exporter /metrics, read beside NVML (default: none); `$(NODE_IP)` is the node's address."""
@@ -203,14 +200,16 @@ class Fence:
 
 
 FENCES: dict[Fenced, Fence] = {
-    "preflight": Fence(FENCE, PREFLIGHT, "the preflight agent", PREFLIGHT_TAINT_KEY, (RESULT_ANNOTATION,)),
-    "gpu-test": Fence(GPU_TEST_FENCE, GPU_TEST, "the periodic GPU test", None, (gpu_test.RESULT_ANNOTATION,)),
+    "preflight": Fence(
+        FENCE, PREFLIGHT, "the preflight agent", PREFLIGHT_TAINT_KEY, (PREFLIGHT_RESULT_ANNOTATION,)
+    ),
+    "gpu-test": Fence(GPU_TEST_FENCE, GPU_TEST, "the periodic GPU test", None, (health.GPU_TEST_RESULT,)),
     "health": Fence(
         HEALTH_FENCE,
         HEALTH,
         "the health agent",
         None,
-        (node_health_agent.VERDICT_ANNOTATION, node_health_agent.VERDICT_AT),
+        (health.VERDICT, health.VERDICT_AT),
     ),
     "remediation": Fence(
         REMEDIATION_FENCE_NAME,
@@ -229,13 +228,13 @@ FENCES: dict[Fenced, Fence] = {
         HEALTH_CONTROLLER,
         "the health controller",
         None,
-        (node_health_agent.ANNOTATION, node_health_agent.ANNOTATION_AT, node_health_agent.DRAINED_AT),
+        (health.CORDONED, health.CORDONED_AT, health.DRAINED_AT),
         may_cordon=True,
         own_node=False,
         only_if=(
             f"has(oldObject.metadata.annotations) && "
-            f"'{node_health_agent.VERDICT_ANNOTATION}' in oldObject.metadata.annotations && "
-            f"oldObject.metadata.annotations['{node_health_agent.VERDICT_ANNOTATION}'].startsWith('fatal')",
+            f"'{health.VERDICT}' in oldObject.metadata.annotations && "
+            f"oldObject.metadata.annotations['{health.VERDICT}'].startsWith('fatal')",
             "may change only a node its health agent reported fatal",
         ),
     ),

@@ -19,8 +19,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from superkube.agents.gpu_burn import Performance
+from superkube.cluster import health
 
-THRESHOLDS = Path(__file__).resolve().parents[1] / "data" / "gpu_health.yaml"
+THRESHOLDS = health.THRESHOLDS
 Level = Literal["healthy", "warning", "fatal"]
 ORDER = {"healthy": 0, "warning": 1, "fatal": 2}
 

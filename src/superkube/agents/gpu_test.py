@@ -42,9 +42,10 @@ from superkube.agents.kubeapi import (
     stamp,
     unreachable,
 )
+from superkube.cluster import health
 
 COMPONENT = "superkube-gpu-test"
-RESULT_ANNOTATION = "superkube.io/gpu-test-result"
+RESULT_ANNOTATION = health.GPU_TEST_RESULT
 log = logging.getLogger(COMPONENT)
 
 

@@ -67,9 +67,7 @@ VERDICT_ANNOTATION = health.VERDICT  # the node's agent's last verdict, with its
 VERDICT_AT = health.VERDICT_AT
 DRAINED_AT = health.DRAINED_AT  # the controller: every pod a drain moves is gone
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-# never drained by health (and its eviction policy refuses them): the cluster's add-ons and
-# superkube's own pods (agents, balloons), which a node's drain does not need moved
-PROTECTED_NAMESPACES = ("kube-system", SYSTEM_NAMESPACE)
+PROTECTED_NAMESPACES = health.PROTECTED_NAMESPACES  # never drained by health
 
 log = logging.getLogger(COMPONENT)
 

@@ -4,6 +4,10 @@ layer's admission fences all read them from here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from superkube.cluster.kube import SYSTEM_NAMESPACE
+
 CORDONED = "superkube.io/health-cordoned"
 """The reason health cordoned the node; marks the nodes health cordoned."""
 CORDONED_AT = "superkube.io/health-cordoned-at"
@@ -14,3 +18,10 @@ DRAINED_AT = "superkube.io/health-drained-at"
 """The controller: every pod a drain moves is gone from the node it cordoned."""
 REMEDIATION_REQUESTED_AT = "superkube.io/remediation-requested-at"
 """Remediation asked Azure to delete the node's VM."""
+GPU_TEST_RESULT = "superkube.io/gpu-test-result"
+"""The periodic GPU test's last result on its node (the only annotation the test may set)."""
+PROTECTED_NAMESPACES = ("kube-system", SYSTEM_NAMESPACE)
+"""Never drained by health, and its eviction policy refuses them: the cluster's add-ons and
+superkube's own pods (agents, balloons), which a node's drain does not need moved."""
+THRESHOLDS = Path(__file__).resolve().parents[1] / "data" / "gpu_health.yaml"
+"""The GPU probe's thresholds: the agents read them, the layer ships them as a ConfigMap."""
