@@ -80,9 +80,11 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
         if lab_obj != obj:
             changed[obj["metadata"]["name"]] = (obj, lab_obj)
     pools = [p.name for p in flagship_plan.spec.node_pools if p.role == "gpu"]
+    cpu_pools = [p.name for p in flagship_plan.spec.node_pools if p.role == "cpu"]
     assert set(changed) == {
         node_health.HEALTH_CONTROLLER,
         *(f"{a}-{p}" for a in (node_health.HEALTH, node_health.PREFLIGHT) for p in pools),
+        *(f"{node_health.HEALTH}-{p}" for p in cpu_pools),
         *(f"balloon-{p.name}" for p in flagship_plan.spec.node_pools),
         *(f"{gpu_devices.NAME}-{p}" for p in pools),
     }
@@ -90,6 +92,12 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
         before, after = changed[f"balloon-{p.name}"]
         assert before["spec"]["replicas"] == p.nodes and after["spec"]["replicas"] == 0
         assert {**after, "spec": {**after["spec"], "replicas": p.nodes}} == before
+    for p in cpu_pools:  # a CPU pool's health agent: its rounds, and no GPU reading
+        before, after = changed[f"{node_health.HEALTH}-{p}"]
+        (container,) = after["spec"]["template"]["spec"]["containers"]
+        assert f"--interval={agent_pods.ROUND_S}" in container["command"]
+        assert not [c for c in container["command"] if c.startswith("--reading")]
+        assert after["spec"]["template"]["spec"]["volumes"] == before["spec"]["template"]["spec"]["volumes"]
     left = {o["metadata"]["name"] for o in objects if agent_pods.left_out(o)}
     assert left == {f"{node_health.GPU_TEST}-{p}" for p in pools}
     for pool in pools:
