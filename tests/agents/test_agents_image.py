@@ -44,6 +44,8 @@ def third_party_imports() -> dict[str, set[str]]:
                 top = name.split(".")[0]
                 if top == "superkube":
                     todo.append(name)
+                elif (ROOT / "src" / "superkube" / "agents" / f"{top}.py").is_file():
+                    todo.append(f"superkube.agents.{name}")  # a host program's sibling: our own file
                 elif top not in sys.stdlib_module_names:
                     found.setdefault(top, set()).add(module)
     return found
