@@ -48,6 +48,7 @@ from superkube.cluster import autoscaling, health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
 from superkube.cluster.kube import (
     CONTAINERD_METRICS_PORT,
+    IMDS,
     KERNEL_LOG,
     KERNEL_LOG_DIR,
     KUBELET_HEALTHZ_PORT,
@@ -89,7 +90,6 @@ AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"me
 HEALTH_FS_DIR = "/var/lib/superkube/health"
 HOST_FS = "/host/fs/root"
 HOST_LOG = "/host/log"
-IMDS = "http://169.254.169.254"
 ADM_GID = 4  # the group that reads the system's logs on Ubuntu and Debian (the kernel log's group)
 BURN_RESOURCES = {"requests": {"cpu": BURN_CPU, "memory": BURN_MEMORY}, "limits": {"memory": BURN_MEMORY}}
 

@@ -43,8 +43,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from superkube.agents.gpu_probe import Finding
+from superkube.cluster.kube import IMDS
 
-IMDS = "http://169.254.169.254"
 PATH = "/metadata/scheduledevents"
 API_VERSION = "2020-07-01"
 DRAINED_FIRST = ("Reboot", "Redeploy", "Terminate")

@@ -265,8 +265,13 @@ def lab_fault(
         str, typer.Option("--type", help="The scheduled event: Reboot, Redeploy or Terminate.")
     ] = "Reboot",
     not_before: Annotated[
-        int, typer.Option("--in", help="Seconds until the scheduled event's NotBefore.", min=1)
-    ] = 300,
+        int | None,
+        typer.Option(
+            "--in",
+            help="Seconds until the scheduled event's NotBefore (default: five minutes, as `lab fault` documents).",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Put a fault on a lab node for the health loop to find, or clear it.
 
@@ -274,7 +279,8 @@ def lab_fault(
     stays cordoned until a person uncordons it)."""
     from superkube.lab import faults
 
-    out.print(_lab_call(faults.inject, _loaded(), host, kind, event_type, not_before))
+    ahead = faults.NOT_BEFORE_S if not_before is None else not_before
+    out.print(_lab_call(faults.inject, _loaded(), host, kind, event_type, ahead))
 
 
 @lab_app.command("roll", cls=Command)

@@ -32,6 +32,7 @@ ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 ETCD_METRICS_PORT = 2381  # the etcd members' plain-HTTP /metrics listener
 NODE_EXPORTER_PORT = 9100
+IMDS = "http://169.254.169.254"  # Azure's instance metadata, from every VM (the lab serves the same)
 CONTAINERD_METRICS_PORT = (
     1338  # containerd's metrics server, on each node's loopback (the health agent asks it)
 )
