@@ -148,22 +148,27 @@ class Cluster(pulumi.ComponentResource):
             opts=child(self),
         )
         zones = tuple(spec.control_plane_zones)
+
         # cluster-autoscaler runs on the API-server hosts (superkube.cluster.autoscaling says why) and
         # resizes the scale sets as this identity, which those VMs carry; their tags tell the host
         # service the identity's client ID and the resource group it may act in.
-        self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
-        self.autoscaler_role: authorization.RoleAssignment | None = None
-        self.governor_role: authorization.RoleAssignment | None = None
-        autoscaler_tags: dict[str, pulumi.Input[str]] = {}
-        if spec.autoscaler_enabled:
-            self.autoscaler_identity = managedidentity.UserAssignedIdentity(
-                f"{name}-autoscaler-identity",
-                resource_name_=f"id-{cluster}-autoscaler",
+        def user_identity(what: str) -> managedidentity.UserAssignedIdentity:
+            """A user-assigned identity of the cluster's, for one host service."""
+            return managedidentity.UserAssignedIdentity(
+                f"{name}-{what}-identity",
+                resource_name_=f"id-{cluster}-{what}",
                 resource_group_name=self.group.name,
                 location=location,
                 tags=tags,
                 opts=child(self),
             )
+
+        self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
+        self.autoscaler_role: authorization.RoleAssignment | None = None
+        self.governor_role: authorization.RoleAssignment | None = None
+        autoscaler_tags: dict[str, pulumi.Input[str]] = {}
+        if spec.autoscaler_enabled:
+            self.autoscaler_identity = user_identity("autoscaler")
             identity = self.autoscaler_identity
 
             def grant(what: str, role: str) -> authorization.RoleAssignment:
@@ -195,14 +200,7 @@ class Cluster(pulumi.ComponentResource):
         self.remediation_identity: managedidentity.UserAssignedIdentity | None = None
         self.remediation_role: authorization.RoleAssignment | None = None
         if remediation.enabled(spec):
-            self.remediation_identity = managedidentity.UserAssignedIdentity(
-                f"{name}-remediation-identity",
-                resource_name_=f"id-{cluster}-remediation",
-                resource_group_name=self.group.name,
-                location=location,
-                tags=tags,
-                opts=child(self),
-            )
+            self.remediation_identity = user_identity("remediation")
             role = authorization.RoleDefinition(
                 f"{name}-remediation-role-definition",
                 role_definition_id=str(

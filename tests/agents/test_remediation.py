@@ -141,29 +141,32 @@ class Instances(rem.AzureInstances):
         return TOKEN
 
 
+def service(kube: Kube, rm: ResourceManager) -> rem.Remediation:
+    return rem.Remediation(kube, Instances(SCOPE, "client", rm.url), FACTS, SETS, {"gpu": 7.0}, 10, 0.5,
+                           clock=lambda: NOW)  # fmt: skip
+
+
 def test_a_drained_node_is_deleted_from_its_scale_set_then_from_the_cluster(rm: ResourceManager) -> None:
     kube = Kube(fleet(node("gpu0-000002", cordoned_ago=600, drained=True), size=3))
-    service = rem.Remediation(kube, Instances(SCOPE, "client", rm.url), FACTS, SETS, {"gpu": 7.0}, 10, 0.5,
-                              clock=lambda: NOW)  # fmt: skip
-    assert service.once().delete == ["gpu0-000002"]
+    svc = service(kube, rm)
+    assert svc.once().delete == ["gpu0-000002"]
     vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
     assert ("POST", f"{vmss}/delete") in rm.writes()
     assert FACTS.requested_at in kube.nodes["gpu0-000002"]["metadata"]["annotations"]
     # the operation finishes as Azure's does (polled); then the instance is gone, and so is the Node
     for _ in range(5):
-        service.once()
+        svc.once()
         if "gpu0-000002" not in kube.nodes:
             break
     assert [i["instanceId"] for i in rm.instances(vmss)] == ["0", "1", "35"]
     assert rm.get(vmss)["sku"]["capacity"] == 3 and "gpu0-000002" not in kube.nodes
-    assert len(service.done) == 1, "one deletion counted in the hour"
+    assert len(svc.done) == 1, "one deletion counted in the hour"
 
 
 def test_the_instance_named_in_upper_case_is_the_node_named_in_lower_case(rm: ResourceManager) -> None:
     kube = Kube(fleet(node("gpu0-00000z", cordoned_ago=600, drained=True), size=3))
-    service = rem.Remediation(kube, Instances(SCOPE, "client", rm.url), FACTS, SETS, {"gpu": 7.0}, 10, 0.5,
-                              clock=lambda: NOW)  # fmt: skip
-    assert service.once().delete == ["gpu0-00000z"]
+    svc = service(kube, rm)
+    assert svc.once().delete == ["gpu0-00000z"]
     vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
     assert "35" not in [i["instanceId"] for i in rm.instances(vmss)]
 
@@ -172,10 +175,9 @@ def test_an_instance_that_is_another_vm_is_never_deleted(rm: ResourceManager) ->
     vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
     rm.get(f"{vmss}/virtualMachines/1")["properties"]["osProfile"]["computerName"] = "gpu0-reused"
     kube = Kube(fleet(node("gpu0-000001", cordoned_ago=600, drained=True), size=3))
-    service = rem.Remediation(kube, Instances(SCOPE, "client", rm.url), FACTS, SETS, {"gpu": 7.0}, 10, 0.5,
-                              clock=lambda: NOW)  # fmt: skip
-    service.once()
-    assert ("POST", f"{vmss}/delete") not in rm.writes() and not service.done
+    svc = service(kube, rm)
+    svc.once()
+    assert ("POST", f"{vmss}/delete") not in rm.writes() and not svc.done
 
 
 def test_the_program_is_two_files_on_python3_beside_the_governor(tmp_path: Path, api: LocalApi) -> None:
