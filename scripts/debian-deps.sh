@@ -3,6 +3,8 @@
 #   python3-venv       the project's virtualenv on a stock Debian python3
 #   debootstrap, systemd-container, iproute2, openssh-client, netcat-openbsd   the lab
 #   iptables           the lab's switch and the exporter tests (iptables-save/-restore)
+#   containernetworking-plugins   Debian's ptp, host-local and portmap, for the pod accounting's tests
+#                      (the CNI chain run in network namespaces off the lab)
 #   kubernetes-client  kubectl, which parses the kubeconfigs the roles write (unless one is installed)
 #   openssl            verifies the certificates the roles issue
 #   gcc, libc6-dev, pkg-config, libseccomp-dev   the lab's build of runc (cgo: its nsenter and seccomp)
@@ -18,7 +20,8 @@
 #                      unpacked into .tools/bin likewise (the package would start a service); its
 #                      libraries (liblua5.3-0, libopentracing-c-wrapper0) are installed as packages
 set -euo pipefail
-packages=(python3-venv debootstrap systemd-container iproute2 iptables openssh-client netcat-openbsd openssl
+packages=(python3-venv debootstrap systemd-container iproute2 iptables containernetworking-plugins
+  openssh-client netcat-openbsd openssl
   curl liblua5.3-0 libopentracing-c-wrapper0 gcc libc6-dev pkg-config libseccomp-dev)
 command -v kubectl >/dev/null 2>&1 || packages+=(kubernetes-client)
 command -v go >/dev/null 2>&1 || packages+=(golang-go)

@@ -47,7 +47,12 @@ def test_the_network_document_gives_the_node_ip_its_subnet_and_the_pod_ips() -> 
 def test_the_conflist_hands_out_exactly_the_pod_ips_with_the_node_as_gateway() -> None:
     node = cni_config.parse_network(DOC["network"])
     conf = cni_config.conflist(node, egress_bits=cni_config.egress_default(DOC["compute"]["tagsList"]))
-    assert [p["type"] for p in conf["plugins"]] == ["ptp", "superkube-bandwidth", "portmap"]
+    assert [p["type"] for p in conf["plugins"]] == [
+        "ptp",
+        "superkube-bandwidth",
+        "superkube-pod-accounting",
+        "portmap",
+    ]
     ptp = conf["plugins"][0]
     assert ptp["ipMasq"] is False
     (range_set,) = ptp["ipam"]["ranges"]
@@ -63,7 +68,12 @@ def test_the_conflist_hands_out_exactly_the_pod_ips_with_the_node_as_gateway() -
         "capabilities": {"bandwidth": True},
         "defaultEgressRate": 100_000_000,
     }
-    assert conf["plugins"][2]["capabilities"] == {"portMappings": True}
+    # the per-pod accounting reads the settings file the iptables_accounting role writes
+    assert conf["plugins"][2] == {
+        "type": "superkube-pod-accounting",
+        "settings": "/etc/superkube/iptables/pod-accounting.json",
+    }
+    assert conf["plugins"][3]["capabilities"] == {"portMappings": True}
 
 
 def _broken(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
@@ -143,6 +153,16 @@ def test_the_writer_run_as_the_boot_unit_runs_it(metadata: dict[str, Any], tmp_p
     assert "4 pod IPs in 10.64.0.0/20" in proc.stdout
     written = json.loads(out.read_text())
     assert written["plugins"][1]["defaultEgressRate"] == 100_000_000
+    assert written["plugins"][2]["settings"] == cni_config.DEFAULT_ACCOUNTING_SETTINGS
+    elsewhere = tmp_path / "elsewhere.conflist"
+    script = Path(cni_config.__file__)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--out", str(elsewhere), "--metadata", metadata["url"], "--tries", "1",
+         "--pod-accounting-settings", "/etc/other/pod-accounting.json"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(elsewhere.read_text())["plugins"][2]["settings"] == "/etc/other/pod-accounting.json"
     assert oct(out.stat().st_mode & 0o777) == "0o644"
 
 

@@ -21,7 +21,8 @@ from tests.conftest import ROOT
 READINGS = Path(__file__).parent / "readings"
 # the programs the node roles start on hosts (units, not pods); the in-cluster layer's are read from it
 HOST_PROGRAMS = ("iptables_exporter", "cni_config")
-PLUGINS = ("cni_bandwidth",)  # CNI plugins: asked by the runtime (CNI_COMMAND), not by options
+# CNI plugins: asked by the runtime (CNI_COMMAND), not by options
+PLUGINS = ("cni_bandwidth", "cni_accounting")
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: Lab) -> N
 
 def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: Lab) -> None:
     node = mon.host("gpu-1").address
-    expr = f'sum(iptables_rule_bytes_total{{traffic="internet-out", instance="{node}:{IPTABLES}"}})'
+    expr = f'sum(iptables_rule_bytes_total{{traffic="internet-out", pod="", instance="{node}:{IPTABLES}"}})'
 
     def value() -> float:
         result = query(mon, STORE, expr)

@@ -123,7 +123,12 @@ def test_each_node_writes_its_cni_network_from_instance_metadata(net: Lab) -> No
     for name in NODES:
         host = net.host(name)
         conf = json.loads(sh(net, name, f"cat {CONFLIST}"))
-        assert [p["type"] for p in conf["plugins"]] == ["ptp", "superkube-bandwidth", "portmap"]
+        assert [p["type"] for p in conf["plugins"]] == [
+            "ptp",
+            "superkube-bandwidth",
+            "superkube-pod-accounting",
+            "portmap",
+        ]
         (ranges,) = conf["plugins"][0]["ipam"]["ranges"]
         listed = set()
         for r in ranges:

@@ -12,7 +12,8 @@ The network written gives each pod one of the secondary IPs: `ptp` (a veth pair,
 routed to it on the node, the node's own address as the pod's gateway, no masquerade), `host-local`
 IPAM over exactly those IPs with its state under /run (a reboot releases every allocation, as it
 ends every pod), then `superkube-bandwidth` (egress limits; the pool's default from the scale set's
-`superkube-egress-limit` tag) and `portmap`.
+`superkube-egress-limit` tag), `superkube-pod-accounting` (per-pod traffic counters, its settings
+from the file the iptables_accounting role writes) and `portmap`.
 
 The file is written whole or not at all: any fault in the metadata is one line on stderr (the
 journal) naming the field, exit status 1, and whatever config was there before stays as it was.
@@ -42,6 +43,8 @@ EGRESS_TAG = (
 )
 DEFAULT_OUT = "/etc/cni/net.d/10-superkube.conflist"
 DEFAULT_DATA_DIR = "/run/superkube/cni/networks"  # tmpfs: allocations end with the boot
+# written by the iptables_accounting role (its iptables_accounting_pod_settings_file)
+DEFAULT_ACCOUNTING_SETTINGS = "/etc/superkube/iptables/pod-accounting.json"
 
 
 class MetadataError(Exception):
@@ -159,9 +162,15 @@ def ranges(pod_ips: tuple[str, ...], subnet: str, gateway: str) -> list[dict[str
 
 
 def conflist(
-    node: NodeAddresses, *, egress_bits: int | None = None, data_dir: str = DEFAULT_DATA_DIR, mtu: int = 0
+    node: NodeAddresses,
+    *,
+    egress_bits: int | None = None,
+    data_dir: str = DEFAULT_DATA_DIR,
+    mtu: int = 0,
+    accounting_settings: str = DEFAULT_ACCOUNTING_SETTINGS,
 ) -> dict[str, Any]:
-    """The node's CNI network: ptp + host-local over the pod IPs, then egress shaping and portmap."""
+    """The node's CNI network: ptp + host-local over the pod IPs, then egress shaping, per-pod
+    accounting and portmap."""
     ptp: dict[str, Any] = {
         "type": "ptp",
         "ipMasq": False,  # pods keep their VNet source IP: no SNAT between pods, nor on the node
@@ -183,6 +192,7 @@ def conflist(
         "plugins": [
             ptp,
             bandwidth,
+            {"type": "superkube-pod-accounting", "settings": accounting_settings},
             {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
         ],
     }
@@ -211,12 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="host-local's allocation state")
     parser.add_argument("--mtu", type=int, default=0, help="pod interface MTU (0: the plugin's default)")
     parser.add_argument("--tries", type=int, default=5, help="metadata requests before giving up")
+    parser.add_argument(
+        "--pod-accounting-settings",
+        default=DEFAULT_ACCOUNTING_SETTINGS,
+        help="the per-pod accounting step's settings file (the iptables_accounting role writes it)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:
         node = parse_network(fetch("/network", base=args.metadata, tries=args.tries))
         egress = egress_default(fetch("/compute/tagsList", base=args.metadata, tries=args.tries))
-        text = json.dumps(conflist(node, egress_bits=egress, data_dir=args.data_dir, mtu=args.mtu), indent=2)
+        network = conflist(
+            node,
+            egress_bits=egress,
+            data_dir=args.data_dir,
+            mtu=args.mtu,
+            accounting_settings=args.pod_accounting_settings,
+        )
+        text = json.dumps(network, indent=2)
         write_whole(out, text + "\n")
     except (MetadataError, OSError) as exc:
         kept = "kept the previous one" if out.exists() else "none written"
