@@ -12,7 +12,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan
+from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan, usage
 from superkube.cli.common import Command, Group, err, out, package_version
 from superkube.plan import collector
 
@@ -54,6 +54,7 @@ app.command("config-schema", cls=Command)(plan.config_schema)
 app.add_typer(lab.lab_app, name="lab")
 app.add_typer(etcd.etcd_app, name="etcd")
 app.add_typer(monitoring.monitoring_app, name="monitoring")
+app.command(cls=Command)(usage.usage)
 app.add_typer(health.health_app, name="health")
 app.add_typer(job.job_app, name="job")
 app.add_typer(image.image_app, name="image")
