@@ -38,6 +38,7 @@ from superkube.agents import AGENTS_IMAGE
 from superkube.cluster.kube import (
     NAMESPACE_NAME_LABEL,
     TEAM_TAINTS_METRICS_PORT,
+    TEAM_WEBHOOK_METRICS_PORT,
     TEAM_WEBHOOK_PORT,
     TEAM_WEBHOOK_SERVICE,
 )
@@ -165,6 +166,7 @@ def webhook(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> list[Manife
         f"--cert={TLS_DIR}/tls.crt",
         f"--key={TLS_DIR}/tls.key",
         f"--port={TEAM_WEBHOOK_PORT}",
+        f"--metrics-port={TEAM_WEBHOOK_METRICS_PORT}",
     ]
     container = _container(
         "webhook",
@@ -177,6 +179,8 @@ def webhook(args: TeamCapacityArgs, ca_bundle: pulumi.Input[str]) -> list[Manife
             {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
         ],
     )
+    # its metrics in plain HTTP on a port of their own, named as Prometheus's pod discovery keeps them
+    container["ports"].append({"name": "metrics", "containerPort": TEAM_WEBHOOK_METRICS_PORT})
     probe = {"httpGet": {"path": "/healthz", "port": TEAM_WEBHOOK_PORT, "scheme": "HTTPS"}}
     container["readinessProbe"] = {**probe, "periodSeconds": 5}
     container["livenessProbe"] = {**probe, "periodSeconds": 20, "failureThreshold": 3}

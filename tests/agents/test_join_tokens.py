@@ -157,15 +157,35 @@ class RefusingModels(jt.DirectoryModels):
         super().publish(scale_set, custom_data)
 
 
+def published(publisher: jt.Publisher) -> tuple[float | None, ...]:
+    """(tokens issued, model writes, refused writes, last success, the models' token expiry)."""
+    m = publisher.metrics
+    return (m.value("superkube_join_tokens_issued_total"),
+            m.value("superkube_join_tokens_publications_total", result="written"),
+            m.value("superkube_join_tokens_publications_total", result="refused"),
+            m.value("superkube_join_tokens_last_success_timestamp_seconds"),
+            m.value("superkube_join_tokens_token_expiry_timestamp_seconds"))  # fmt: skip
+
+
 def test_one_refused_model_does_not_keep_the_others_on_the_old_token(
     api: LocalApi, publisher: jt.Publisher, tmp_path: Path
 ) -> None:
+    clock = Clock()
+    publisher.clock = clock
     publisher.models = RefusingModels(tmp_path / "models")
     with pytest.raises(gov.ServiceError, match=r"not written to 1 scale sets: vmss-gpu-0: .*409"):
         publisher.once()
     assert (tmp_path / "models" / f"vmss-gpu-1{jt.CUSTOM_DATA_SUFFIX}").is_file()
+    # one write landed, one refused; no round has left every model with the token yet
+    assert published(publisher) == (1, 1, 1, 0, 0)
     publisher.models = jt.DirectoryModels(tmp_path / "models")
-    assert publisher.once().written == ("vmss-gpu-0",)  # the next round writes the one refused
+    clock.at += timedelta(seconds=60)
+    done = publisher.once()
+    assert done.written == ("vmss-gpu-0",)  # the next round writes the one refused
+    assert published(publisher) == (1, 2, 1, clock.at.timestamp(), done.expires.timestamp())
+    # the token issued a round ago, its expiration as its Secret holds it (to the second)
+    issued_at = clock.at - timedelta(seconds=60)
+    assert done.expires == join.later(issued_at, join.DEFAULT_TTL_S).replace(microsecond=0)
 
 
 def test_every_model_is_written_again_each_refresh_with_the_same_token(publisher: jt.Publisher) -> None:
@@ -302,7 +322,7 @@ def ship(folder: Path) -> Path:
     return folder
 
 
-def test_the_publisher_ships_as_three_modules_on_python3_and_pyyaml() -> None:
+def test_the_publisher_ships_as_three_modules_on_python3_pyyaml_and_prometheus_client() -> None:
     for name, module in SHIPPED.items():
         tree = ast.parse(Path(str(module.__file__)).read_text())
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], name
@@ -312,7 +332,8 @@ def test_the_publisher_ships_as_three_modules_on_python3_and_pyyaml() -> None:
                 whole = {f"{n.module}.{a.name}" for a in n.names} & set(SHIPPED)
                 imported |= whole or {n.module}
         outside = {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names}
-        assert outside <= {"yaml", *SHIPPED}, (name, outside - {"yaml", *SHIPPED})
+        allowed = {"yaml", "prometheus_client", *SHIPPED}
+        assert outside <= allowed, (name, outside - allowed)
     # the names the hosts' copy must agree on with the rest of superkube
     assert join.BOOTSTRAP_KUBECONFIG == cloudinit.BOOTSTRAP_KUBECONFIG
     assert join.PUBLISHER_NAMESPACE == SYSTEM_NAMESPACE
@@ -320,7 +341,7 @@ def test_the_publisher_ships_as_three_modules_on_python3_and_pyyaml() -> None:
 
 def test_a_copy_of_the_three_modules_runs_a_round_alone(api: LocalApi, tmp_path: Path) -> None:
     """Run from the role's layout, the round loads no other module of superkube and nothing outside
-    the standard library but PyYAML."""
+    the standard library but PyYAML and prometheus_client."""
     folder = ship(tmp_path / "lib")
     settings = write(tmp_path / "settings.json", cluster=unique("c"), server=api.url,
                      ca_file=str(api.dir / "pki" / "ca.crt"), documents={"vmss-gpu-0": document("gpu")},
@@ -346,8 +367,10 @@ def test_a_copy_of_the_three_modules_runs_a_round_alone(api: LocalApi, tmp_path:
     assert set(report["mine"]) == {*SHIPPED, "superkube", "superkube.agents", "superkube.cluster"} - {
         jt.__name__
     }
-    # PyYAML, and its C extension's Cython runtime
-    assert {m for m in report["others"] if "cython" not in m} <= {"yaml", "_yaml"}, report["others"]
+    # PyYAML (and its C extension's Cython runtime), prometheus_client
+    assert {m for m in report["others"] if "cython" not in m} <= {"yaml", "_yaml", "prometheus_client"}, (
+        report["others"]
+    )
 
 
 class Ticks:
@@ -374,6 +397,37 @@ def test_one_host_holds_the_lease_and_another_takes_over_once_it_goes_unrenewed(
     assert two.hold() and not one.hold()  # the first stopped renewing 31 s ago
     lease = json.loads(apiserver.kubectl(api, "get", "lease", "-n", namespace, join.PUBLISHER, "-o", "json"))
     assert lease["spec"]["holderIdentity"] == "apiservers-2" and lease["spec"]["leaseTransitions"] == 1
+
+
+def test_the_lease_holder_counts_its_rounds_and_the_other_host_stands_by(
+    api: LocalApi, tmp_path: Path
+) -> None:
+    """`run` as the service runs it, on the real Lease: the holder's rounds are counted ok (or
+    failed, when a model write is refused) and its leader gauge is 1; the other host's is 0 and it
+    counts no round, having run none."""
+    namespace = unique("lease")
+    apiserver.kubectl(api, "create", "namespace", namespace)
+    kube = gov.KubeReader(api.client_kubeconfig("rounds", "rounds", ["system:masters"]))
+    settings = config(api, tmp_path / "models", unique("c"), interval_s=0.01)
+    one, two = (jt.Publisher(settings, kube, jt.DirectoryModels(tmp_path / "models")) for _ in range(2))
+    leases = {
+        p: jt.Lease(kube, namespace, host, 30) for p, host in ((one, "apiservers-1"), (two, "apiservers-2"))
+    }
+
+    def seen(p: jt.Publisher) -> tuple[float | None, float | None, float | None]:
+        return (p.metrics.value("superkube_join_tokens_leader"),
+                p.metrics.value("superkube_join_tokens_rounds_total", result="ok"),
+                p.metrics.value("superkube_join_tokens_rounds_total", result="failed"))  # fmt: skip
+
+    one.run(rounds=2, lease=leases[one])
+    two.run(rounds=2, lease=leases[two])
+    assert seen(one) == (1, 2, 0) and seen(two) == (0, 0, 0)
+    assert one.metrics.value("superkube_join_tokens_publications_total", result="written") == 2
+    one.models = RefusingModels(tmp_path / "models")
+    one.given.clear()  # write every model again: the refusing one among them
+    one.run(rounds=1, lease=leases[one])
+    assert seen(one) == (1, 2, 1)  # still the holder; its round failed
+    assert one.metrics.value("superkube_join_tokens_publications_total", result="refused") == 1
 
 
 def test_a_takeover_from_a_stale_read_loses_to_the_holders_renewal(api: LocalApi) -> None:

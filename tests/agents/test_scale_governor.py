@@ -11,6 +11,7 @@ import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -165,6 +166,106 @@ def test_a_governor_that_takes_the_lead_writes_every_max_once() -> None:
 def test_a_round_before_the_autoscaler_reported_does_nothing() -> None:
     sizes = Recorder()
     assert gov.Governor(lambda: None, sizes, {"a": 9}, 300, 50).once() is None and sizes.writes == []
+
+
+class Refusing(Recorder):
+    """Azure's tags as a writer that refuses the scale sets named in `refuse` (HTTP 409)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse: set[str] = set()
+
+    def set_max(self, sizes: Mapping[str, int]) -> None:
+        if set(sizes) & self.refuse:
+            raise gov.ServiceError(f"setting max on scale set {', '.join(sizes)}: HTTP 409 Conflict")
+        super().set_max(sizes)
+
+
+def test_the_metrics_count_each_write_and_show_the_room_each_set_was_given() -> None:
+    """Writes counted as they land or are refused, one each; the room gauges are the last whole
+    round's max less target, per scale set; none while nodes are not joining."""
+    seen = [status([group("a", 0, 900), group("b", 0, 900)])]
+    sizes = Refusing()
+    g = gov.Governor(lambda: seen[0], sizes, {"a": 900, "b": 900}, 300, 50)
+    m = g.metrics
+
+    def writes() -> tuple[float | None, float | None]:
+        return (m.value("superkube_scale_governor_writes_total", result="written"),
+                m.value("superkube_scale_governor_writes_total", result="refused"))  # fmt: skip
+
+    def room() -> dict[str, float | None]:
+        return {n: m.value("superkube_scale_governor_room_nodes", scale_set=n) for n in ("a", "b")}
+
+    assert m.value("superkube_scale_governor_budget_nodes") == 150 and writes() == (0, 0)
+    g.once()
+    assert writes() == (2, 0) and room() == {"a": 75, "b": 75}
+    assert m.value("superkube_scale_governor_held") == 0
+    seen[0] = status([group("a", 75, 75), group("b", 0, 75)])  # a grew: the room moves to it
+    sizes.refuse = {"a"}  # b's lower lands, a's raise is refused
+    with pytest.raises(gov.ServiceError, match="HTTP 409"):
+        g.once()
+    assert writes() == (3, 1) and room() == {"a": 75, "b": 75}  # the round did not finish
+    sizes.refuse.clear()
+    g.once()
+    assert writes() == (4, 1) and room() == {"a": 150, "b": 0}
+    # 60 nodes unready, past the bound of 50: no room, and the gauge says why
+    seen[0] = yaml.safe_dump({"nodeGroups": [
+        {"name": "a", "health": {"cloudProviderTarget": 75, "maxSize": 225,
+                                 "nodeCounts": {"registered": {"total": 75, "unready": {"total": 60}}}}},
+        {"name": "b", "health": {"cloudProviderTarget": 0, "maxSize": 0, "nodeCounts": {}}},
+    ]})  # fmt: skip
+    g.once()
+    assert m.value("superkube_scale_governor_held") == 1 and room() == {"a": 0, "b": 0}
+    assert writes() == (5, 1) and sizes.writes[-1] == {"a": 75}
+
+
+class Lead:
+    """The API server on a governor's host, as `serve` reads it: the autoscaler's lease holder."""
+
+    def __init__(self, holder: str | None) -> None:
+        self.holder: str | None = holder
+        self.down = False
+
+    def leader(self) -> str | None:
+        if self.down:
+            raise gov.ServiceError("GET /apis/coordination.k8s.io/v1/...: connection refused")
+        return self.holder
+
+    def status(self) -> str:
+        return status([group("a", 0, 900)])
+
+
+def test_the_leader_gauge_is_one_only_while_this_hosts_autoscaler_leads() -> None:
+    g = gov.Governor(lambda: None, Recorder(), {"a": 900}, 300, 50)
+    lead = Lead("apiserver-2")
+    g.read_status = gov.serve(g, cast(gov.KubeReader, lead), "apiserver-1")
+    assert g.once() is None and g.metrics.value("superkube_scale_governor_leader") == 0
+    lead.holder = "apiserver-1"
+    assert g.once() is not None and g.metrics.value("superkube_scale_governor_leader") == 1
+    assert g.metrics.value("superkube_scale_governor_room_nodes", scale_set="a") == 150
+    lead.down = True  # its API server cannot say who leads: it does not act
+    with pytest.raises(gov.ServiceError):
+        g.once()
+    assert g.metrics.value("superkube_scale_governor_leader") == 0
+    lead.down, lead.holder = False, "apiserver-3"
+    assert g.once() is None and g.metrics.value("superkube_scale_governor_leader") == 0
+    # the room is the acting governor's to say: this one's is gone once it stands by
+    assert g.metrics.value("superkube_scale_governor_room_nodes", scale_set="a") is None
+
+
+def test_the_rounds_counter_counts_what_each_acting_round_came_to() -> None:
+    texts = [None, status([group("a", 0, 900)]), "- [", status([group("a", 0, 900)])]
+    g = gov.Governor(lambda: None, Recorder(), {"a": 900}, 300, 50, interval=0)
+
+    def read() -> str | None:
+        if len(texts) == 1:
+            g.stop.set()  # the last round
+        return texts.pop(0)
+
+    g.read_status = read
+    g.run()
+    rounds = {r: g.metrics.value("superkube_scale_governor_rounds_total", result=r) for r in ("ok", "failed")}
+    assert rounds == {"ok": 2, "failed": 1}  # a round with no status to read (standing by) is none
 
 
 def simulate(

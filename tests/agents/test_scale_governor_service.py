@@ -1,4 +1,5 @@
-"""The scale-up governor as the host service the role runs: one file on python3 and PyYAML, reading
+"""The scale-up governor as the host service the role runs: one file on python3, PyYAML and
+prometheus_client, reading
 through the real API server as its own user with only the rights the in-cluster layer grants it, and
 writing the scale sets' `max` tags through Azure Resource Manager's Tags API.
 
@@ -13,17 +14,20 @@ from __future__ import annotations
 
 import ast
 import json
+import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from modules.platform import autoscaler as autoscaler_rbac
 from superkube.agents import scale_governor as gov
@@ -31,6 +35,7 @@ from superkube.cluster import autoscaling
 from superkube.harness.apiserver import LocalApi
 from tests.agents.conftest import apply
 from tests.agents.test_scale_governor import group, status
+from tests.conftest import ROOT
 
 SCOPE = "/subscriptions/00000000-0000-0000-0000-00000000abcd/resourceGroups/rg-test"
 CLIENT_ID = "6a3c1c4e-0000-4000-8000-000000000001"
@@ -133,14 +138,18 @@ def tags(azure: FakeAzure) -> gov.AzureTags:
     return gov.AzureTags(SCOPE, CLIENT_ID, azure.url, azure.url + "/metadata/identity/oauth2/token")
 
 
-def test_the_program_is_one_file_on_python3_and_pyyaml() -> None:
-    """The role copies this one file to the API-server hosts and runs it with Debian's python3 and
-    python3-yaml: it may import nothing else, superkube included."""
+def test_the_program_is_one_file_on_python3_pyyaml_and_prometheus_client() -> None:
+    """The role copies this one file to the API-server hosts and runs it with Debian's python3,
+    python3-yaml and python3-prometheus-client: it may import nothing else, superkube included. The
+    roles that run it (and remediation, which imports it) install those packages."""
     tree = ast.parse(Path(gov.__file__).read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], "a relative import"
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert names - set(sys.stdlib_module_names) == {"yaml"}
+    assert names - set(sys.stdlib_module_names) == {"yaml", "prometheus_client"}
+    for role in ("scale_governor", "join_tokens", "remediation"):
+        defaults = yaml.safe_load((ROOT / "playbooks/roles" / role / "defaults/main.yml").read_text())
+        assert {"python3", "python3-yaml", "python3-prometheus-client"} <= set(defaults[f"{role}_packages"])
     # so it names the autoscaler's namespace itself: the same one the plan runs the autoscaler in
     assert gov.NAMESPACE == autoscaling.NAMESPACE
 
@@ -237,6 +246,23 @@ def write_config(path: Path, azure: FakeAzure, **more: Any) -> Path:
     return path
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples a service serves on /metrics, by name and labels as written."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
 def wait_for(what: str, done: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -254,19 +280,27 @@ def test_the_program_acts_only_beside_the_leading_autoscaler(
     set_leader(api, "apiserver-2")
     config = write_config(tmp_path / "scale-governor.json", azure)
     kubeconfig = api.dir / "scale-governor.kubeconfig"
+    port = free_port()
     cmd = [sys.executable, gov.__file__, "--config", str(config), "--kubeconfig", str(kubeconfig),
-           "--host", "apiserver-1"]  # fmt: skip
+           "--host", "apiserver-1", "--metrics-port", str(port), "--metrics-address", "127.0.0.1"]  # fmt: skip
     log = tmp_path / "governor.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
             time.sleep(2)  # several rounds
             assert azure.patches == [] and proc.poll() is None, log.read_text()
+            assert scrape(port)["superkube_scale_governor_leader"] == 0
             set_leader(api, "apiserver-1")
             wait_for("the first max tags", lambda: len(azure.patches) >= 2)
             assert azure.tags["a"]["max"] == azure.tags["b"]["max"] == "75"
+            wait_for("the leader gauge", lambda: scrape(port)["superkube_scale_governor_leader"] == 1)
+            served = scrape(port)
+            assert served['superkube_scale_governor_writes_total{result="written"}'] == 2
+            assert served['superkube_scale_governor_writes_total{result="refused"}'] == 0
+            assert served['superkube_scale_governor_room_nodes{scale_set="a"}'] == 75
             set_leader(api, "apiserver-3")  # the lead moves on: it stands by again
             wait_for("standing by", lambda: "does not hold the lead" in log.read_text())
+            assert scrape(port)["superkube_scale_governor_leader"] == 0
             set_status(api, status([group("a", 75, 75), group("b", 0, 75)]))  # a round would move room
             written = len(azure.patches)
             time.sleep(2)

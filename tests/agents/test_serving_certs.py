@@ -83,6 +83,14 @@ def state(api: LocalApi, name: str) -> tuple[str, str]:
     return "", ""
 
 
+def denials(metrics: sc.Metrics) -> dict[str, float | None]:
+    """The denials counter's value for each reason."""
+    return {
+        r: metrics.registry.get_sample_value("superkube_serving_certs_denials_total", {"reason": r})
+        for r in sc.DENIALS
+    }
+
+
 @pytest.fixture
 def approver(api: LocalApi) -> Iterator[sc.Approver]:
     stop = threading.Event()
@@ -103,19 +111,19 @@ def test_a_nodes_own_addresses_are_approved(api: LocalApi, approver: sc.Approver
 
 
 @pytest.mark.parametrize(
-    ("case", "words"),
+    ("case", "words", "reason"),
     [
-        ("another node's address", "IP 10.65.0.9 is not one of node"),
-        ("another node's name", "DNS name kubelet-elsewhere is not one of node"),
-        ("another organization", "is not CN=system:node:"),
-        ("an e-mail address", "other than IP addresses and DNS names"),
-        ("no address", "names no address"),
-        ("client usages", "usages ['client auth', 'digital signature'] are not server auth"),
-        ("asked by a user", "not by a node"),
+        ("another node's address", "IP 10.65.0.9 is not one of node", "ip_address"),
+        ("another node's name", "DNS name kubelet-elsewhere is not one of node", "dns_name"),
+        ("another organization", "is not CN=system:node:", "subject"),
+        ("an e-mail address", "other than IP addresses and DNS names", "san_type"),
+        ("no address", "names no address", "no_address"),
+        ("client usages", "usages ['client auth', 'digital signature'] are not server auth", "usages"),
+        ("asked by a user", "not by a node", "requester"),
     ],
 )
 def test_anything_else_is_denied_with_the_reason(
-    api: LocalApi, approver: sc.Approver, case: str, words: str
+    api: LocalApi, approver: sc.Approver, case: str, words: str, reason: str
 ) -> None:
     node = unique("kubelet")
     node_with_addresses(api, node, "10.65.0.4")
@@ -142,6 +150,8 @@ def test_anything_else_is_denied_with_the_reason(
     approver.round()
     kind, message = state(api, name)
     assert kind == "Denied" and words in message, message
+    # counted once, under its check's fixed reason
+    assert denials(approver.metrics) == {**dict.fromkeys(sc.DENIALS, 0.0), reason: 1.0}
 
 
 def test_a_request_for_another_nodes_name_is_refused_by_the_server_and_would_be_denied(api: LocalApi) -> None:
@@ -227,3 +237,58 @@ def test_a_request_that_cannot_be_read_is_denied_and_the_round_goes_on() -> None
     csr = {"metadata": {"name": "x"}, "spec": {"signerName": sc.SIGNER, "username": f"{sc.NODE_USER}n",
            "groups": [sc.NODES_GROUP], "usages": SERVER_USAGES, "request": base64.b64encode(garbage.encode()).decode()}}  # fmt: skip
     assert sc.check(csr, lambda name: None).startswith("its request cannot be read")
+
+
+class OneRequest:
+    """The approver's calls answered from memory: one request, no Node, the decisions it wrote."""
+
+    def __init__(self, csr: dict[str, Any]) -> None:
+        self.csr = csr
+        self.decided: list[str] = []
+        self.events: list[dict[str, Any]] = []
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [self.csr] if not self.decided else []
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    def decide(self, name: str, body: dict[str, Any]) -> None:
+        self.decided.append(body["status"]["conditions"][-1]["type"])
+
+    def create_event(self, body: dict[str, Any]) -> None:
+        self.events.append(body)
+
+
+def test_an_unreadable_request_is_counted_as_one_denial_of_its_reason() -> None:
+    garbage = "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"
+    csr = {"metadata": {"name": "x"}, "spec": {"signerName": sc.SIGNER, "username": f"{sc.NODE_USER}n",
+           "groups": [sc.NODES_GROUP], "usages": SERVER_USAGES, "request": base64.b64encode(garbage.encode()).decode()}}  # fmt: skip
+    client = OneRequest(csr)
+    approver = sc.Approver(client)
+    assert approver.round() == {"denied": 1} and client.decided == ["Denied"]
+    assert denials(approver.metrics) == {**dict.fromkeys(sc.DENIALS, 0.0), "unreadable": 1.0}
+    assert (
+        approver.metrics.registry.get_sample_value("superkube_serving_certs_total", {"decision": "denied"})
+        == 1
+    )
+    assert approver.round() == {} and denials(approver.metrics)["unreadable"] == 1.0  # decided: not again
+    dry = sc.Approver(OneRequest(csr), dry_run=True)  # a dry run decides nothing, so counts nothing
+    assert dry.round() == {"denied": 1} and set(denials(dry.metrics).values()) == {0.0}
+
+
+def test_every_reason_the_checks_give_is_one_of_the_fixed_set() -> None:
+    """The denials counter's reason label takes only DENIALS' keys, and each is a check's: the first
+    element of every denial `verdict` returns, read from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(sc.verdict)))
+    given = {
+        node.value.elts[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple)
+        and isinstance(node.value.elts[0], ast.Constant)
+    }  # fmt: skip
+    assert given - {""} == set(sc.DENIALS)

@@ -52,12 +52,13 @@ class Server:
         self.pki = issue(d)
         self.config = d / "teams.yaml"
         self.config.write_text(yaml.safe_dump(TEAMS))
-        self.port = free_port()
+        self.port, self.metrics_port = free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "superkube.agents.team_webhook", "--config", str(self.config),
              "--cert", str(self.pki["cert"]), "--key", str(self.pki["key"]),
-             "--address", "127.0.0.1", "--port", str(self.port)],
+             "--address", "127.0.0.1", "--port", str(self.port),
+             "--metrics-address", "127.0.0.1", "--metrics-port", str(self.metrics_port)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.client = httpx.Client(base_url=self.url, verify=trusting(self.pki["ca"]), timeout=10)
@@ -84,6 +85,15 @@ class Server:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         path = f"/mutate/{team}" if team else "/mutate"
         return self.client.post(path, content=data, headers={"Content-Type": "application/json"})
+
+    def metrics(self) -> dict[str, float]:
+        """Its /metrics samples, by name and labels as served (plain HTTP, a port of their own)."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+        return {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
 
     def stop(self) -> None:
         self.client.close()
@@ -358,3 +368,45 @@ def test_a_pod_may_not_name_its_node_unless_a_kubelet_makes_it(server: Server) -
     assert refused["allowed"] is False and "spec.nodeName is set" in refused["status"]["message"]
     mirror = answer(server, review_of(bound, user="system:node:gpu-b-1"))
     assert mirror["allowed"] is True
+
+
+ALLOWED = 'superkube_team_webhook_admissions_total{code="200",decision="allowed"}'
+REFUSED = 'superkube_team_webhook_admissions_total{code="403",decision="denied"}'
+UNREAD = 'superkube_team_webhook_admissions_total{code="400",decision="denied"}'
+ANSWERED = "superkube_team_webhook_admission_duration_seconds_count"
+
+
+def test_each_answer_is_counted_once_by_its_decision_and_timed(server: Server) -> None:
+    """The served counters move by exactly what was answered: one allowed, two refused by the team
+    rules, one review it could not read; the latency histogram counts all four."""
+    before = server.metrics()
+    assert answer(server, review_of(pod()))["allowed"] is True
+    for _ in range(2):
+        assert answer(server, review_of(pod({teams.TEAM_KEY: "pretraining"})))["status"]["code"] == 403
+    assert answer(server, b"{not json")["status"]["code"] == 400
+    after = server.metrics()
+    moved = {k: after[k] - before.get(k, 0) for k in (ALLOWED, REFUSED, UNREAD, ANSWERED)}
+    assert moved == {ALLOWED: 1, REFUSED: 2, UNREAD: 1, ANSWERED: 4}
+    unavailable = 'superkube_team_webhook_admissions_total{code="503",decision="denied"}'
+    assert after[unavailable] == before[unavailable]  # its configuration was usable throughout
+    assert after['superkube_team_webhook_admission_duration_seconds_bucket{le="+Inf"}'] == after[ANSWERED]
+
+
+def test_a_configuration_it_cannot_use_is_counted_as_503_answers(tmp_path: Path) -> None:
+    """In the application itself: every pod refused while the teams file is missing is counted under
+    503, and the time each answer took is observed; the other answers' series are there at 0."""
+    import asyncio
+
+    metrics = team_webhook.Metrics()
+    transport = httpx.ASGITransport(app=team_webhook.app(tmp_path / "missing.yaml", metrics))
+
+    async def three() -> list[int]:
+        async with httpx.AsyncClient(transport=transport, base_url="http://webhook") as client:
+            body = json.dumps(review_of(pod())).encode()
+            return [(await client.post("/mutate/research", content=body)).json()["response"]["status"]["code"]
+                    for _ in range(3)]  # fmt: skip
+
+    assert asyncio.run(three()) == [503, 503, 503]
+    assert metrics.value("superkube_team_webhook_admissions_total", decision="denied", code="503") == 3
+    assert metrics.value("superkube_team_webhook_admissions_total", decision="allowed", code="200") == 0
+    assert metrics.value(ANSWERED) == 3

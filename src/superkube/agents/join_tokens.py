@@ -23,10 +23,20 @@ controller-manager's tokencleaner deletes its Secret), so an instance created fr
 model still joins within its token's life. To revoke a token at once, delete its Secret: the next
 round finds no valid token, issues a new one and writes every model again.
 
+Metrics (`--metrics-port`; the role passes superkube's port for it):
+`superkube_join_tokens_leader` (1 while this host holds the lease),
+`superkube_join_tokens_rounds_total{result}` (ok: a round as the publisher that left every model
+done; failed: the lease or a write refused), `superkube_join_tokens_issued_total`,
+`superkube_join_tokens_publications_total{result}` (model writes: written, refused),
+`superkube_join_tokens_last_success_timestamp_seconds` (the end of the last round that left every
+model with a valid token) and `superkube_join_tokens_token_expiry_timestamp_seconds` (when the
+token those models carry expires). A stuck publisher shows as a last success that grows old, and
+then as a models' token near its expiry.
+
     python -m superkube.agents.join_tokens --config FILE --kubeconfig FILE [--once]
 
 It ships to the hosts as three modules (this one, superkube.agents.scale_governor and
-superkube.cluster.join) that import only the standard library and PyYAML.
+superkube.cluster.join) that import only the standard library, PyYAML and prometheus_client.
 """
 
 from __future__ import annotations
@@ -47,7 +57,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from superkube.agents.scale_governor import ARM, IMDS_TOKEN, AzureTags, KubeReader, ServiceError, _read_json
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from superkube.agents.scale_governor import (
+    ARM,
+    IMDS_TOKEN,
+    AzureTags,
+    KubeReader,
+    ServiceError,
+    _read_json,
+    metrics_options,
+    serve_metrics,
+)
 from superkube.cluster import join
 
 log = logging.getLogger("superkube.join_tokens")
@@ -253,6 +274,41 @@ class Lease:
             raise
 
 
+class Metrics:
+    """What an alert needs from a publisher: whether it acts, its rounds and writes, and how old
+    and how near its expiry the token in the models is."""
+
+    ROUND_RESULTS = ("ok", "failed")
+    PUBLICATION_RESULTS = ("written", "refused")
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.leader = Gauge("superkube_join_tokens_leader",
+                            "1 while this host holds the publisher's lease (or runs without one).", registry=r)  # fmt: skip
+        self.rounds = Counter("superkube_join_tokens_rounds",
+                              "Rounds by result: ok (as the publisher, every model done), failed.", ["result"],
+                              registry=r)  # fmt: skip
+        self.issued = Counter("superkube_join_tokens_issued", "Join tokens issued.", registry=r)
+        self.publications = Counter("superkube_join_tokens_publications",
+                                    "Scale-set model writes, by result (written, refused).", ["result"],
+                                    registry=r)  # fmt: skip
+        self.last_success = Gauge("superkube_join_tokens_last_success_timestamp_seconds",
+                                  "When a round last left every scale set's model with a valid token (Unix time).",
+                                  registry=r)  # fmt: skip
+        self.expiry = Gauge("superkube_join_tokens_token_expiry_timestamp_seconds",
+                            "When the token every model carries expires (Unix time), as of the last good round.",
+                            registry=r)  # fmt: skip
+        for result in self.ROUND_RESULTS:  # every series from the start, so the first failure counts
+            self.rounds.labels(result)
+        for result in self.PUBLICATION_RESULTS:
+            self.publications.labels(result)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """A sample's value now (None when there is none)."""
+        return self.registry.get_sample_value(name, labels)
+
+
 @dataclass(frozen=True)
 class Published:
     token: join.Token
@@ -268,8 +324,10 @@ class Publisher:
         kube: KubeReader,
         models: Models,
         clock: Callable[[], datetime] = join.now,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config, self.kube, self.models, self.clock = config, kube, models, clock
+        self.metrics = metrics or Metrics()
         self.ca_pem = Path(config.ca_file).read_text()
         # scale set -> ((its model's token id, its document's digest), written at)
         self.given: dict[str, tuple[tuple[str, str], datetime]] = {}
@@ -305,6 +363,7 @@ class Publisher:
         expires = join.later(self.clock(), self.config.ttl_s)
         body = join.token_secret(token, expires, self.config.cluster, self.config.group)
         self.kube.create(f"/api/v1/namespaces/{join.TOKEN_NAMESPACE}/secrets", body)
+        self.metrics.issued.inc()
         log.info("issued join token %s, valid until %s", token.id, join.stamp(expires))
         return token, expires
 
@@ -351,8 +410,10 @@ class Publisher:
             try:  # one scale set refused does not keep the others on an older token
                 self.models.publish(scale_set, self.custom_data(scale_set, token, documents))
             except (ServiceError, OSError) as exc:
+                self.metrics.publications.labels("refused").inc()
                 refused.append(f"{scale_set}: {exc}")
                 continue
+            self.metrics.publications.labels("written").inc()
             self.given[scale_set] = (given, now)
             written.append(scale_set)
             log.info("scale set %s: new instances join with token %s", scale_set, token.id)
@@ -360,21 +421,29 @@ class Publisher:
             raise ServiceError(
                 f"token {token.id} not written to {len(refused)} scale sets: " + "; ".join(refused)
             )
+        self.metrics.expiry.set(expires.timestamp())
+        self.metrics.last_success.set(self.clock().timestamp())
         return Published(token, expires, not (found is not None and fresh), tuple(written))
 
     def run(self, rounds: int | None = None, lease: Lease | None = None) -> None:
         done = 0
         leading = lease is None
         while rounds is None or done < rounds:
+            now = False
             try:
                 now = lease.hold() if lease is not None else True
+                self.metrics.leader.set(1 if now else 0)
                 if now != leading:
                     log.info("this host %s the publisher's lease", "took" if now else "does not hold")
                     self.given.clear()  # a new holder writes every model: the last one may have missed some
                     leading = now
                 if leading:
                     self.once(lease.hold if lease is not None else lambda: True)
+                    self.metrics.rounds.labels("ok").inc()
             except (ServiceError, OSError, ValueError) as exc:
+                self.metrics.rounds.labels("failed").inc()
+                if not now:  # the lease could not be read or renewed: this host does not act
+                    self.metrics.leader.set(0)
                 log.warning("round failed, retrying in %.0fs: %s", self.config.interval_s, exc)
             done += 1
             if rounds is None or done < rounds:
@@ -404,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="this host's name in the lease (default: the host name)",
     )
     p.add_argument("--check", action="store_true", help="load the settings and the kubeconfig, then exit")
+    metrics_options(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     try:
@@ -415,6 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         return 0
     if not args.once:
+        if not serve_metrics(args, publisher.metrics.registry, "superkube-join-tokens"):
+            return 1
         lease = None
         if config.lease_s:
             namespace = (

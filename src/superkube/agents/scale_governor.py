@@ -34,6 +34,13 @@ provider also refreshes early after a failed scale-set update, and `vmssCacheTTL
 config changes the interval: `refresh_s` must be that value); and a round's writes land together (a
 writer of several tags must write the lowered maxes before the raised ones). The tests' simulation
 models an autoscaler that keeps to these.
+
+Metrics (`--metrics-port`; the role passes superkube's port for it):
+`superkube_scale_governor_leader` (1 while this host's autoscaler leads, so this governor acts),
+`superkube_scale_governor_room_nodes{scale_set}` (the room above its target the latest round left
+each scale set), `superkube_scale_governor_budget_nodes`, `superkube_scale_governor_held` (1 while
+nodes not joining hold the room at none), `superkube_scale_governor_writes_total{result}` (max
+writes: written, refused) and `superkube_scale_governor_rounds_total{result}` (ok, failed).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 log = logging.getLogger("superkube.scale-governor")
 
@@ -182,6 +190,42 @@ class Round:
     changed: dict[str, int]
 
 
+class Metrics:
+    """What an alert needs from a governor: whether it acts, the room it grants, its writes."""
+
+    WRITE_RESULTS = ("written", "refused")
+    ROUND_RESULTS = ("ok", "failed")
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.leader = Gauge("superkube_scale_governor_leader",
+                            "1 while the autoscaler on this host holds the lead, so this governor acts.",
+                            registry=r)  # fmt: skip
+        self.room = Gauge("superkube_scale_governor_room_nodes",
+                          "New nodes the latest round's max leaves room for above the target, by scale set.",
+                          ["scale_set"], registry=r)  # fmt: skip
+        self.budget = Gauge("superkube_scale_governor_budget_nodes",
+                            "New nodes a round may open room for in all (the safe rate per refresh).",
+                            registry=r)  # fmt: skip
+        self.held = Gauge("superkube_scale_governor_held",
+                          "1 while the latest round opened no room: too many nodes are not joining.",
+                          registry=r)  # fmt: skip
+        self.writes = Counter("superkube_scale_governor_writes", "Max-size writes, by result (written, refused).",
+                              ["result"], registry=r)  # fmt: skip
+        self.rounds = Counter("superkube_scale_governor_rounds",
+                              "Rounds this governor ran while it acted, by result (ok, failed).",
+                              ["result"], registry=r)  # fmt: skip
+        for result in self.WRITE_RESULTS:  # every series from the start, so the first refusal counts
+            self.writes.labels(result)
+        for result in self.ROUND_RESULTS:
+            self.rounds.labels(result)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """A sample's value now (None when there is none): for the tests and the benchmark."""
+        return self.registry.get_sample_value(name, labels)
+
+
 class Governor:
     """The loop: read the status, decide, write what changed. `read_status` returns the ConfigMap's
     `status` text (None while the autoscaler has not written it yet)."""
@@ -196,6 +240,7 @@ class Governor:
         refresh_s: float = PROVIDER_REFRESH_S,
         interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.read_status = read_status
         self.sizes = sizes
@@ -213,6 +258,8 @@ class Governor:
         self.wanting: set[str] = set()
         self.fresh = True  # no round has written yet: write every max once
         self.missing_logged = False
+        self.metrics = metrics or Metrics()
+        self.metrics.budget.set(self.room)
 
     def plan(self, groups: Sequence[Group]) -> dict[str, int]:
         """This round's maxes. A group wants more while the autoscaler grows it (its target rose since
@@ -267,7 +314,12 @@ class Governor:
 
         changed = dict(sorted(changed.items(), key=raised))
         for n, m in changed.items():  # one at a time: a refusal leaves `last` true to what landed
-            self.sizes.set_max({n: m})
+            try:
+                self.sizes.set_max({n: m})
+            except Exception:
+                self.metrics.writes.labels("refused").inc()
+                raise
+            self.metrics.writes.labels("written").inc()
             self.last[n], self.written_at[n] = m, now
         self.fresh = False
         r = Round(
@@ -277,6 +329,10 @@ class Governor:
             changed,
         )
         self.rounds.append(r)
+        targets = {g.name: g.target for g in groups}
+        for n, m in maxes.items():
+            self.metrics.room.labels(n).set(m - targets[n])
+        self.metrics.held.set(1 if r.held else 0)
         if changed:
             log.info("max sizes set: %s%s", changed, " (held: nodes are not joining)" if r.held else "")
         return r
@@ -285,14 +341,19 @@ class Governor:
         """Drop what earlier rounds saw: another host's governor acted since (`serve`)."""
         self.last, self.written_at, self.targets, self.wanting = {}, {}, {}, set()
         self.fresh = True
+        self.metrics.room.clear()  # the room is the acting governor's to say
+        self.metrics.held.set(0)
 
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                self.once()
+                if self.once() is not None:
+                    self.metrics.rounds.labels("ok").inc()
             except StatusError as exc:
+                self.metrics.rounds.labels("failed").inc()
                 log.error("%s; nothing changed this round", exc)
             except Exception as exc:  # the API or the provider refused: try again next round
+                self.metrics.rounds.labels("failed").inc()
                 log.warning(
                     "round stopped, later writes left to the next: %s: %s", exc.__class__.__name__, exc
                 )
@@ -317,7 +378,8 @@ def initial_maxes(
 
 
 # The host service. It runs beside cluster-autoscaler on the API-server VMs (role scale_governor),
-# as one file with nothing but python3 and PyYAML (Debian's python3-yaml), like the node exporter:
+# as one file with nothing but python3, PyYAML and prometheus_client (Debian's python3-yaml and
+# python3-prometheus-client), like the iptables exporter:
 # it reads through the API server on its host as its own user, and writes Azure's tags as the
 # autoscaler's user-assigned identity. Every API-server host runs it; only the one whose autoscaler
 # holds the leader lease acts, so the governor always stands beside the autoscaler that acts.
@@ -520,7 +582,12 @@ def serve(governor: Governor, kube: KubeReader, host: str) -> Callable[[], str |
 
     def read() -> str | None:
         nonlocal leading
-        now = kube.leader() == host
+        try:
+            now = kube.leader() == host
+        except Exception:  # this host's API server cannot say: the governor does not act this round
+            governor.metrics.leader.set(0)
+            raise
+        governor.metrics.leader.set(1 if now else 0)
         if now != leading:
             log.info("the autoscaler on this host %s the lead", "took" if now else "does not hold")
             governor.forget()
@@ -546,11 +613,39 @@ def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def metrics_options(p: argparse.ArgumentParser) -> None:
+    """Where a host service serves its /metrics (this one, and the join-token publisher)."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics on this port (the role passes superkube's port for it; default: none)",
+    )
+    p.add_argument("--metrics-address", default="0.0.0.0", help="the address to serve /metrics on")
+
+
+def serve_metrics(args: argparse.Namespace, registry: CollectorRegistry, prog: str) -> bool:
+    """Serve `registry` where the options say (nowhere without --metrics-port); False, after one
+    line on stderr, when the port cannot be had (exit 1: a restart may find it free)."""
+    if args.metrics_port is None:
+        return True
+    try:
+        start_http_server(args.metrics_port, addr=args.metrics_address, registry=registry)
+    except OSError as exc:
+        print(
+            f"{prog}: cannot serve metrics on {args.metrics_address}:{args.metrics_port}: {exc}",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = service_parser(
         "superkube-scale-governor",
         "Hold cluster-autoscaler's scale-ups to the safe join rate by setting each scale set's max tag.",
     )
+    metrics_options(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -561,6 +656,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.check:
         return 0
+    metrics = Metrics()
+    if not serve_metrics(args, metrics.registry, "superkube-scale-governor"):
+        return 1
     governor = Governor(
         lambda: None,
         AzureTags(config.scope, config.client_id, config.arm, config.imds),
@@ -569,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.max_unready,
         config.refresh_s,
         config.interval_s,
+        metrics=metrics,
     )
     governor.read_status = serve(governor, kube, args.host)
     log.info(

@@ -27,8 +27,9 @@ server already refuses a node's request in another node's name; checking address
 node subnets of the plan is the next step.
 
 Metrics on port 9468: `superkube_serving_certs_total{decision}` (approved, denied),
-`superkube_serving_certs_waiting` (requests whose Node is not registered yet),
-`superkube_serving_certs_api_up`.
+`superkube_serving_certs_denials_total{reason}` (one of `DENIALS`: which check a denied request
+failed, never its text), `superkube_serving_certs_waiting` (requests whose Node is not registered
+yet), `superkube_serving_certs_api_up`.
 
 Run: python -m superkube.agents.serving_certs [--interval 10]
 """
@@ -57,6 +58,19 @@ USAGES = frozenset({"digital signature", "key encipherment", "server auth"})
 NODE_IPS = ("InternalIP", "ExternalIP")
 NODE_NAMES = ("Hostname", "InternalDNS", "ExternalDNS")
 REASON = "SuperkubeServingCerts"
+# Why a request was denied, as the denials counter labels it: a fixed set, one per check
+DENIALS = {
+    "signer": "another signer",
+    "requester": "not asked by a node",
+    "usages": "usages other than server auth",
+    "unreadable": "a request no certificate library reads",
+    "signature": "a signature that does not verify",
+    "subject": "a subject other than the node's",
+    "san_type": "a SAN other than an IP address or a DNS name",
+    "no_address": "no IP address nor DNS name",
+    "ip_address": "an IP address the Node does not have",
+    "dns_name": "a DNS name the Node does not have",
+}
 
 log = logging.getLogger(COMPONENT)
 
@@ -82,18 +96,28 @@ def decided(csr: Mapping[str, Any]) -> bool:
 def check(csr: Mapping[str, Any], node_of_name: Callable[[str], Mapping[str, Any] | None]) -> str:
     """Why the request may not be approved ('' when it may). Its Node is read (`node_of_name`) only
     for a request that passed every other check. Raises Wait while the Node is not registered."""
+    return verdict(csr, node_of_name)[1]
+
+
+def verdict(
+    csr: Mapping[str, Any], node_of_name: Callable[[str], Mapping[str, Any] | None]
+) -> tuple[str, str]:
+    """`check`'s answer with the check that failed, a key of DENIALS: ('', '') when it may be approved."""
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
     spec = csr.get("spec") or {}
     if spec.get("signerName") != SIGNER:
-        return f"its signer is {spec.get('signerName')!r}, not {SIGNER}"
+        return "signer", f"its signer is {spec.get('signerName')!r}, not {SIGNER}"
     name = node_of(csr)
     if not name:
-        return f"it was asked by {spec.get('username')!r}, not by a node ({NODE_USER}<name> in {NODES_GROUP})"
+        return (
+            "requester",
+            f"it was asked by {spec.get('username')!r}, not by a node ({NODE_USER}<name> in {NODES_GROUP})",
+        )
     usages = set(spec.get("usages") or [])
     if "server auth" not in usages or usages - USAGES:
-        return (
+        return "usages", (
             f"its usages {sorted(usages)} are not server auth with at most {sorted(USAGES - {'server auth'})}"
         )
     try:  # whatever a request holds, reading it is a denial at worst, never the approver's end
@@ -103,21 +127,24 @@ def check(csr: Mapping[str, Any], node_of_name: Callable[[str], Mapping[str, Any
         try:
             sans = request.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         except x509.ExtensionNotFound:
-            return "it names no address (no subjectAltName)"
+            return "no_address", "it names no address (no subjectAltName)"
         ips = {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
         dns = set(sans.get_values_for_type(x509.DNSName))
         others = len(sans) != len(ips) + len(dns)
     except Exception as e:  # not PEM, an algorithm or extension this library refuses, a duplicate
-        return f"its request cannot be read ({type(e).__name__}: {str(e)[:120]})"
+        return "unreadable", f"its request cannot be read ({type(e).__name__}: {str(e)[:120]})"
     if not signed:
-        return "its request's signature does not verify"
+        return "signature", "its request's signature does not verify"
     want = {(NameOID.COMMON_NAME, f"{NODE_USER}{name}"), (NameOID.ORGANIZATION_NAME, NODES_GROUP)}
     if len(subject) != 2 or set(subject) != want:
-        return f"its subject {request.subject.rfc4514_string()!r} is not CN={NODE_USER}{name},O={NODES_GROUP}"
+        return (
+            "subject",
+            f"its subject {request.subject.rfc4514_string()!r} is not CN={NODE_USER}{name},O={NODES_GROUP}",
+        )
     if others:
-        return "it names something other than IP addresses and DNS names"
+        return "san_type", "it names something other than IP addresses and DNS names"
     if not ips and not dns:
-        return "it names no address"
+        return "no_address", "it names no address"
     node = node_of_name(name)
     if node is None:
         raise Wait(f"node {name} is not registered yet")
@@ -125,10 +152,16 @@ def check(csr: Mapping[str, Any], node_of_name: Callable[[str], Mapping[str, Any
     node_ips = {a.get("address") for a in addresses if a.get("type") in NODE_IPS}
     node_names = {a.get("address") for a in addresses if a.get("type") in NODE_NAMES}
     if ips - node_ips:
-        return f"IP {', '.join(sorted(ips - node_ips))} is not one of node {name}'s ({', '.join(sorted(node_ips)) or 'none'})"
+        return (
+            "ip_address",
+            f"IP {', '.join(sorted(ips - node_ips))} is not one of node {name}'s ({', '.join(sorted(node_ips)) or 'none'})",
+        )
     if dns - node_names:
-        return f"DNS name {', '.join(sorted(dns - node_names))} is not one of node {name}'s ({', '.join(sorted(node_names)) or 'none'})"
-    return ""
+        return (
+            "dns_name",
+            f"DNS name {', '.join(sorted(dns - node_names))} is not one of node {name}'s ({', '.join(sorted(node_names)) or 'none'})",
+        )
+    return "", ""
 
 
 def decision(csr: Mapping[str, Any], kind: str, message: str) -> dict[str, Any]:
@@ -150,6 +183,11 @@ class Metrics:
     def __post_init__(self) -> None:
         self.decisions = Counter("superkube_serving_certs", "Kubelet serving-certificate requests decided.",
                                  ["decision"], registry=self.registry)  # fmt: skip
+        self.denials = Counter("superkube_serving_certs_denials",
+                               "Requests denied, by the check they failed (a fixed set of reasons).",
+                               ["reason"], registry=self.registry)  # fmt: skip
+        for reason in DENIALS:  # every series from the start, so the first denial of each counts
+            self.denials.labels(reason)
         self.waiting = Gauge("superkube_serving_certs_waiting",
                              "Requests whose Node is not registered yet.", registry=self.registry)  # fmt: skip
         self.api_up = Gauge("superkube_serving_certs_api_up", "1 when the last round reached the API server.",
@@ -213,7 +251,7 @@ class Approver:
             name = (csr.get("metadata") or {}).get("name", "")
             node_name = node_of(csr)
             try:
-                why = check(csr, lookup)
+                reason, why = verdict(csr, lookup)
             except Wait as e:
                 waiting += 1
                 log.info("%s: %s; next round", name, e)
@@ -236,6 +274,8 @@ class Approver:
                 continue
             (log.warning if why else log.info)("%s (node %s): %s", name, node_name or "?", message)
             self.metrics.decisions.labels(kind.lower()).inc()
+            if reason:
+                self.metrics.denials.labels(reason).inc()
             done[kind.lower()] = done.get(kind.lower(), 0) + 1
             if node is not None:
                 self.client.create_event(event(node, COMPONENT, "Warning" if why else "Normal",

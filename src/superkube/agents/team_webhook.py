@@ -29,6 +29,11 @@ Every answer is an AdmissionReview, never a server error:
 
 The configuration is the mounted teams ConfigMap, reread when its file changes.
 
+Metrics, on a plain-HTTP port of their own (`--metrics-port`, default TEAM_WEBHOOK_METRICS_PORT):
+`superkube_team_webhook_admissions_total{decision, code}` (allowed 200; denied 400 for a review it
+cannot read, 403 for a pod the team rules refuse, 503 while the configuration cannot be used) and
+`superkube_team_webhook_admission_duration_seconds` (a histogram of the time to answer a review).
+
 Run: python -m superkube.agents.team_webhook --config teams.yaml --cert tls.crt --key tls.key
 """
 
@@ -40,10 +45,13 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from superkube.cluster.kube import TEAM_WEBHOOK_PORT
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from superkube.cluster.kube import TEAM_WEBHOOK_METRICS_PORT, TEAM_WEBHOOK_PORT
 from superkube.model import teams
 
 COMPONENT = "superkube-team-webhook"
@@ -76,6 +84,35 @@ class Config:
                 self._teams = frozenset()
             self._seen = key
         return self._teams
+
+
+class Metrics:
+    """Every answer by its decision and code, and how long answering took."""
+
+    ANSWERS = (("allowed", "200"), ("denied", "400"), ("denied", "403"), ("denied", "503"))
+    # the API server waits at most the configuration's timeout (1-30 s, 5 by default)
+    BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.admissions = Counter("superkube_team_webhook_admissions",
+                                  "Admission reviews answered, by decision (allowed, denied) and code.",
+                                  ["decision", "code"], registry=self.registry)  # fmt: skip
+        self.latency = Histogram("superkube_team_webhook_admission_duration_seconds",
+                                 "Seconds from a review's body read to its answer.", buckets=self.BUCKETS,
+                                 registry=self.registry)  # fmt: skip
+        for decision, code in self.ANSWERS:  # every series from the start, so the first denial counts
+            self.admissions.labels(decision, code)
+
+    def answered(self, answer: dict[str, Any], seconds: float) -> None:
+        response = answer["response"]
+        code = (response.get("status") or {}).get("code", 200)
+        self.admissions.labels("allowed" if response["allowed"] else "denied", str(code)).inc()
+        self.latency.observe(seconds)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """A sample's value now (None when there is none)."""
+        return self.registry.get_sample_value(name, labels)
 
 
 def _answer(
@@ -279,8 +316,8 @@ def _is_one_of(tol: dict[str, Any], tols: list[dict[str, Any]]) -> bool:
     return any(norm == {**t, "operator": t.get("operator") or "Equal"} for t in tols)
 
 
-def app(config_path: Path) -> Any:
-    """The ASGI application: POST /mutate, GET /healthz."""
+def app(config_path: Path, metrics: Metrics | None = None) -> Any:
+    """The ASGI application: POST /mutate, GET /healthz; each answer counted in `metrics`."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse
@@ -288,15 +325,18 @@ def app(config_path: Path) -> Any:
 
     config = Config(config_path)
     config.teams()
+    counted = metrics or Metrics()
 
     async def mutate(request: Request) -> JSONResponse:
         body = await request.body()
         team = request.path_params.get("team")
+        started = time.perf_counter()
         try:
             answer = review(body, config, team)
         except Exception:  # a bug: still an answer the API server can act on, and a log line
             log.exception("review failed")
             answer = _answer("", False, code=400, message=f"{COMPONENT}: could not review this request")
+        counted.answered(answer, time.perf_counter() - started)
         resp = answer["response"]
         if not resp["allowed"]:
             log.info("denied %s: %s", resp.get("uid", ""), resp["status"]["message"])
@@ -324,6 +364,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--key", type=Path, required=True, help="its private key (PEM)")
     p.add_argument("--address", default="0.0.0.0")
     p.add_argument("--port", type=int, default=TEAM_WEBHOOK_PORT)
+    p.add_argument("--metrics-port", type=int, default=TEAM_WEBHOOK_METRICS_PORT, help="plain-HTTP /metrics")
+    p.add_argument("--metrics-address", default="0.0.0.0")
     return p.parse_args(argv)
 
 
@@ -331,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     import ssl
 
     import uvicorn
+    from prometheus_client import start_http_server
 
     args = _args(argv)
     logging.basicConfig(
@@ -348,8 +391,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    metrics = Metrics()
+    try:
+        start_http_server(args.metrics_port, addr=args.metrics_address, registry=metrics.registry)
+    except OSError as e:
+        print(
+            f"{COMPONENT}: cannot serve metrics on {args.metrics_address}:{args.metrics_port}: {e}",
+            file=sys.stderr,
+        )
+        return 1
     uvicorn.run(
-        app(args.config),
+        app(args.config, metrics),
         host=args.address,
         port=args.port,
         ssl_certfile=str(args.cert),

@@ -52,6 +52,11 @@ SERVING_CERTS_MODULE = "superkube.agents.serving_certs"
 SERVING_CERTS_NAME = "superkube-serving-certs"  # its account, role and Deployment; its Events' component
 KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving"  # the signer of kubelets' serving certificates
 TEAM_WEBHOOK_PORT = 8443  # the team admission webhook's HTTPS port in its pod (Service port 443)
+TEAM_WEBHOOK_METRICS_PORT = 9471  # the team webhook's plain-HTTP /metrics, beside its HTTPS port
+# superkube's host services on the API-server hosts serve /metrics here (their units pass the port:
+# the programs ship alone, without this module)
+SCALE_GOVERNOR_METRICS_PORT = 9469
+JOIN_TOKENS_METRICS_PORT = 9470
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
@@ -138,6 +143,8 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "kernel_log": KERNEL_LOG,
         "iptables_exporter_port": IPTABLES_EXPORTER_PORT,
         "node_agents_metrics_port": NODE_AGENTS_METRICS_PORT,
+        "scale_governor_metrics_port": SCALE_GOVERNOR_METRICS_PORT,
+        "join_tokens_metrics_port": JOIN_TOKENS_METRICS_PORT,
         "prometheus_pki_dir": PROMETHEUS_PKI_DIR,
         # monitoring: shard i runs on prometheus_ips[i] and writes to metrics_store_write_urls[i]
         "prometheus_ips": [str(ip) for ip in addresses.prometheus_ips],
