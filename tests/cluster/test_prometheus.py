@@ -28,7 +28,10 @@ from superkube.cluster.kube import (
     ETCD_EVENTS,
     ETCD_MAIN,
     GPU_NODES,
+    JOIN_TOKENS_METRICS_PORT,
     NAT_HOST,
+    SCALE_GOVERNOR_METRICS_PORT,
+    SYSTEM_NAMESPACE,
     apiserver_url,
 )
 from superkube.plan import engine as planning
@@ -56,9 +59,16 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return out
 
 
+def rule_tests() -> list[Path]:
+    files = sorted(monitoring.RULE_TESTS.glob("*.yml"))
+    assert {p.name for p in files} >= {"rules_test.yml", "agents_test.yml"}
+    return files
+
+
 def test_every_alert_fires_and_stays_quiet_under_promtool() -> None:
-    proc = promtool("test", "rules", str(monitoring.RULE_TESTS / "rules_test.yml"))
-    assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
+    files = rule_tests()
+    proc = promtool("test", "rules", *map(str, files))
+    assert proc.returncode == 0 and proc.stdout.count("SUCCESS") == len(files), proc.stdout + proc.stderr
     lint = promtool("check", "rules", "--lint=all", str(monitoring.RULES))
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
@@ -72,20 +82,33 @@ def test_every_alert_has_a_firing_case_and_a_quiet_case() -> None:
     }
     fires: set[str] = set()
     quiet: set[str] = set()
-    for case in yaml.safe_load((monitoring.RULE_TESTS / "rules_test.yml").read_text())["tests"]:
-        for check in case.get("alert_rule_test", []):
-            (fires if check["exp_alerts"] else quiet).add(check["alertname"])
+    for path in rule_tests():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (fires if check["exp_alerts"] else quiet).add(check["alertname"])
     assert alerts == fires, f"alerts never shown firing: {alerts - fires}"
     assert alerts == quiet, f"alerts never shown quiet: {alerts - quiet}"
 
 
-def test_a_broken_alert_fails_its_unit_test(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("tests", "rule", "broken", "alert"),
+    [
+        ("rules_test.yml", "> 0.01", "> 0.5", "APIServerThrottling"),
+        ("agents_test.yml", "sum(superkube_scale_governor_leader) < 1", "sum(superkube_scale_governor_leader) < 0",
+         "ScaleGovernorNoLeader"),
+        ("agents_test.yml", "denials_total[1h])) > 0", "denials_total[1h])) > 3", "ServingCertificatesDenied"),
+    ],
+)  # fmt: skip
+def test_a_broken_alert_fails_its_unit_test(
+    tmp_path: Path, tests: str, rule: str, broken: str, alert: str
+) -> None:
     # the unit tests can fail: raise one threshold and promtool says which alert no longer fires
     (tmp_path / "tests").mkdir()
-    (tmp_path / "rules.yml").write_text(monitoring.RULES.read_text().replace("> 0.01", "> 0.5", 1))
-    (tmp_path / "tests" / "rules_test.yml").write_text((monitoring.RULE_TESTS / "rules_test.yml").read_text())
-    proc = promtool("test", "rules", str(tmp_path / "tests" / "rules_test.yml"))
-    assert proc.returncode != 0 and "alertname: APIServerThrottling" in proc.stdout + proc.stderr
+    assert rule in monitoring.RULES.read_text()
+    (tmp_path / "rules.yml").write_text(monitoring.RULES.read_text().replace(rule, broken, 1))
+    (tmp_path / "tests" / tests).write_text((monitoring.RULE_TESTS / tests).read_text())
+    proc = promtool("test", "rules", str(tmp_path / "tests" / tests))
+    assert proc.returncode != 0 and f"alertname: {alert}" in proc.stdout + proc.stderr
 
 
 def checkable(config: dict[str, Any], pki: Path) -> dict[str, Any]:
@@ -122,6 +145,24 @@ def test_every_shard_config_passes_promtool(rendered: Path) -> None:
         proc = promtool("check", "config", str(checked))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SUCCESS: 1 rule files found" in proc.stdout, proc.stdout
+
+
+def test_the_agents_are_scraped_where_they_serve(rendered: Path) -> None:
+    """The host services on every API-server host at their named ports; the in-cluster agents'
+    pods (the approver, the team webhook and reconciler) by pod discovery in superkube's namespace."""
+    _, _, addresses = planning.load(ROOT, (rendered / ".stack").read_text())
+    config = yaml.safe_load((rendered / "prometheus-0.yml").read_text())
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    for job, port in (
+        ("scale-governor", SCALE_GOVERNOR_METRICS_PORT),
+        ("join-tokens", JOIN_TOKENS_METRICS_PORT),
+    ):
+        (static,) = jobs[job]["static_configs"]
+        assert static["targets"] == [f"{ip}:{port}" for ip in sorted(map(str, addresses.apiserver_ips))]
+    (sd,) = jobs["platform-agents"]["kubernetes_sd_configs"]
+    assert (sd["role"], sd["namespaces"]) == ("pod", {"names": [SYSTEM_NAMESPACE]})
+    keep = [r for r in jobs["platform-agents"]["relabel_configs"] if r.get("action") == "keep"]
+    assert keep[0]["regex"] == "serving-certs|team-capacity" and keep[1]["regex"] == "metrics"
 
 
 def test_the_labs_static_config_passes_promtool_as_it_is(tmp_path: Path) -> None:

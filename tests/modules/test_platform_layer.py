@@ -437,6 +437,47 @@ def test_the_serving_approver_may_approve_for_one_signer_only(any_plan: Plan) ->
     assert deployment["spec"]["replicas"] >= 2
 
 
+def test_the_platform_agents_serve_metrics_where_prometheus_discovers_them(any_plan: Plan) -> None:
+    """The approver, the team webhook and the team-taints reconciler: each pod carries a component
+    label the platform-agents job keeps, one container port named `metrics` at its agent's port,
+    and a command that serves /metrics there (the webhook beside its HTTPS port)."""
+    import re
+
+    from superkube.cluster import kube
+    from superkube.cluster.monitoring import jobs
+
+    (job,) = [j for j in jobs() if j.name == "platform-agents"]
+    want = {
+        "superkube-serving-certs": kube.SERVING_CERTS_METRICS_PORT,
+        "superkube-team-webhook": kube.TEAM_WEBHOOK_METRICS_PORT,
+        "superkube-team-taints": kube.TEAM_TAINTS_METRICS_PORT,
+    }
+    deployments = {d["metadata"]["name"]: d for d in of_kind(any_plan, "Deployment")}
+    for name, port in want.items():
+        pod = deployments[name]["spec"]["template"]
+        assert re.fullmatch(job.pods_of, pod["metadata"]["labels"]["app.kubernetes.io/component"]), name
+        (container,) = pod["spec"]["containers"]
+        assert [p for p in container["ports"] if p["name"] == "metrics"] == [
+            {"name": "metrics", "containerPort": port}
+        ], name
+        assert f"--metrics-port={port}" in container["command"], name
+    webhook = deployments["superkube-team-webhook"]["spec"]["template"]["spec"]["containers"][0]
+    assert {p["name"]: p["containerPort"] for p in webhook["ports"]} == {
+        "https": kube.TEAM_WEBHOOK_PORT,
+        "metrics": kube.TEAM_WEBHOOK_METRICS_PORT,
+    }
+    # no other pod in superkube's namespace is kept by the job's component regex
+    kept = {
+        d["metadata"]["name"]
+        for kind in ("Deployment", "DaemonSet")
+        for d in of_kind(any_plan, kind)
+        if re.fullmatch(
+            job.pods_of, d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        )
+    }
+    assert kept == set(want)
+
+
 def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     roles = {r["metadata"]["name"]: r for r in of_kind(any_plan, "ClusterRole")}
     granted = {

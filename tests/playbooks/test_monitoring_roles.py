@@ -1,6 +1,7 @@
 """The monitoring and metrics_store roles as a cluster's hosts get them, rendered offline by the roles'
 own templates over the flagship's inventory: each Prometheus host's shard config passes promtool and
-writes to a store host; each store host's units pass systemd-analyze and reach every store host."""
+writes to a store host; each store host's units pass systemd-analyze and reach every store host; the
+host services on the API-server hosts serve /metrics where the shards scrape them."""
 
 from __future__ import annotations
 
@@ -77,3 +78,43 @@ def test_each_store_hosts_units_pass_systemd_and_reach_every_store_host(
             )
             problems = [line for line in proc.stderr.splitlines() if str(path.name) in line]
             assert proc.returncode == 0 and not problems, proc.stderr
+
+
+def test_each_api_server_hosts_governor_and_publisher_serve_metrics_where_the_shards_scrape(
+    engine: wiring.Wiring, flagship_plan: Plan, tmp_path: Path
+) -> None:
+    """The units the scale_governor and join_tokens roles write pass --metrics-port with superkube's
+    port for each, from the inventory; the monitoring hosts' jobs scrape every API-server host there;
+    systemd reads the units as written."""
+    apiservers = hosts(engine, kube.APISERVERS)
+    assert sorted(h.address for h in apiservers) == sorted(map(str, flagship_plan.addresses.apiserver_ips))
+    monitoring_host = hosts(engine, kube.MONITORING)[0]
+    (shard,) = engine.render("monitoring", monitoring_host, ["monitoring_host_shards"])[
+        "monitoring_host_shards"
+    ]
+    config = yaml.safe_load(engine.template("monitoring", monitoring_host, "prometheus.yml.j2", item=shard))
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    for role, unit, job, port in (
+        (
+            "scale_governor",
+            "superkube-scale-governor.service.j2",
+            "scale-governor",
+            kube.SCALE_GOVERNOR_METRICS_PORT,
+        ),
+        ("join_tokens", "superkube-join-tokens.service.j2", "join-tokens", kube.JOIN_TOKENS_METRICS_PORT),
+    ):
+        (static,) = jobs[job]["static_configs"]
+        assert sorted(static["targets"]) == sorted(f"{h.address}:{port}" for h in apiservers)
+        for host in apiservers:
+            text = engine.template(role, host, unit)
+            (exec_start,) = re.findall(r"^ExecStart=(.*)$", text, re.M)
+            flags = exec_start.split()
+            assert flags[flags.index("--metrics-port") + 1] == str(port), (role, host.name)
+            assert flags[flags.index("--metrics-address") + 1] == "0.0.0.0"
+        path = tmp_path / unit.removesuffix(".j2")
+        path.write_text(text)
+        proc = subprocess.run(
+            ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+        )
+        problems = [line for line in proc.stderr.splitlines() if path.name in line]
+        assert proc.returncode == 0 and not problems, proc.stderr

@@ -12,8 +12,11 @@ with the cluster's spec:
 - alert and recording rules live in `data/monitoring/rules.yml`, each alert unit-tested with
   `promtool test rules` (`data/monitoring/tests/`).
 
-Targets: the control plane and the NAT host at the plan's fixed addresses; Kubernetes nodes from
-node discovery (their InternalIP), so scale-ups need no new config; every host statically on the lab.
+Targets: the control plane and the NAT host at the plan's fixed addresses (superkube's host
+services on the API-server hosts among them: the scale governor and the join-token publisher);
+Kubernetes nodes from node discovery (their InternalIP), so scale-ups need no new config; the
+agents' pods in the cluster from pod discovery (their `metrics` container ports); every host
+statically on the lab.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from superkube.cluster.kube import (
     ETCD_METRICS_PORT,
     GPU_NODES,
     IPTABLES_EXPORTER_PORT,
+    JOIN_TOKENS_METRICS_PORT,
     NAT_HOST,
     NODE_AGENTS_METRICS_PORT,
     NODE_EXPORTER_PORT,
     PROMETHEUS_PKI_DIR,
+    SCALE_GOVERNOR_METRICS_PORT,
     SYSTEM_NAMESPACE,
     apiserver_url,
     metrics_store_write_urls,
@@ -129,17 +134,21 @@ DROP: dict[str, tuple[Drop, ...]] = {
 @dataclass(frozen=True)
 class Job:
     name: str
-    port: int
-    groups: tuple[str, ...]  # inventory groups whose hosts are targets
+    port: int = 0  # where its hosts serve (a pod job reads each pod's `metrics` port instead)
+    groups: tuple[str, ...] = ()  # inventory groups whose hosts are targets
     scheme: str = "http"
     drops: str = ""  # key of DROP
     path: str = "/metrics"
     reviewed: str = ""  # for a job with nothing to drop: why its series need no drop rule
-    pods_of: str = ""  # scrape the pods of this in-cluster component (pod discovery), not hosts
+    pods_of: str = ""  # scrape the pods of these in-cluster components (a regex of the label), not hosts
 
     def __post_init__(self) -> None:
         if bool(self.drops) == bool(self.reviewed):
             raise ValueError(f"scrape job {self.name}: give drop rules or say why it needs none, not both")
+        if not self.pods_of and not (self.port and self.groups):
+            raise ValueError(
+                f"scrape job {self.name}: give its hosts' groups and port, or the pods it scrapes"
+            )
 
 
 def jobs() -> tuple[Job, ...]:
@@ -164,6 +173,25 @@ def jobs() -> tuple[Job, ...]:
             pods_of="node-health",
             reviewed="superkube's preflight and health agents export a few series per node, each bounded "
             "by its result, reason and action labels; nothing to drop",
+        ),
+        Job(
+            "scale-governor",
+            SCALE_GOVERNOR_METRICS_PORT,
+            (APISERVERS,),
+            reviewed="one governor per API-server host: a few series, labelled by scale set and result; "
+            "nothing to drop",
+        ),
+        Job(
+            "join-tokens",
+            JOIN_TOKENS_METRICS_PORT,
+            (APISERVERS,),
+            reviewed="one publisher per API-server host: a few series, labelled by result; nothing to drop",
+        ),
+        Job(
+            "platform-agents",
+            pods_of="serving-certs|team-capacity",  # the components' app.kubernetes.io/component
+            reviewed="the serving-certificate approver, the team-taints reconciler and the team webhook: a "
+            "few replicas, their series bounded by decision, reason and code labels; nothing to drop",
         ),
     )
 
