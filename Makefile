@@ -55,6 +55,7 @@ bench: install-test debian-deps
 	$(BIN)/python bench/plan.py
 	$(BIN)/python bench/check.py
 	$(BIN)/python bench/exporter.py
+	$(BIN)/python bench/pod_accounting.py
 	$(BIN)/python bench/converge.py
 	$(BIN)/python bench/render.py
 	$(BIN)/python bench/join_storm.py

@@ -153,6 +153,7 @@ def summary_table() -> str:
         *_real_nodes_rows(),
         *_training_job_rows(),
         *_dns_rows(),
+        *_pod_accounting_rows(),
         *_scale_out_rows(),
         *_ci_rows(),
         (
@@ -280,6 +281,65 @@ def _training_job_rows() -> list[tuple[str, str, str]]:
             f"a pod's DNS lookup of a Service through the layer's CoreDNS: p50 / p99 of {job['dns_lookups']:,}",
             f"{job['dns_p50_ms']:.2f} / {job['dns_p99_ms']:.2f} ms",
             "training_job.json",
+        ),
+    ]
+
+
+def _pod_accounting_rows() -> list[tuple[str, str, str]]:
+    """Per-pod accounting at the flagship's densities (bench/pod_accounting.py)."""
+    got = results("pod_accounting")
+    from bench.pod_accounting import ASSUMPTIONS, flagship_costs
+
+    d = got["densities"]
+    names = ("node", "gpu", "cpu")
+    lat, store = got["latency"], got["store"]
+    cost = flagship_costs(got)  # today's stack and assumptions over the measured figures
+    by_pool = cost["active_series_by_pool"]
+
+    def each(key: str, fmt: str) -> str:
+        return " / ".join(format(d[n][key], fmt) for n in names)
+
+    return [
+        (
+            f"mangle rules on a node with no pods / a GPU node's {d['gpu']['pods']} / a CPU node's "
+            f"{d['cpu']['pods']} (of them per pod; tagged; the exporter's series)",
+            f"{each('mangle_rules', 'd')} ({each('per_pod_rules', 'd')}; {each('tagged_rules', 'd')}; "
+            f"{each('label_sets', 'd')})",
+            "pod_accounting.json",
+        ),
+        (
+            f"the iptables exporter's scrape at those densities / `iptables-save -c` alone (median of "
+            f"{got['rounds']} alternated rounds of {got['repeats']})",
+            " / ".join(f"{d[n]['exporter_ms']:.1f}" for n in names)
+            + " ms = "
+            + " / ".join(f"{d[n]['exporter_over_iptables_save']:.2f}x" for n in names),
+            "pod_accounting.json",
+        ),
+        (
+            f"the accounting step's ADD / DEL, {lat['pods']} pods one after another: p50 (max); the whole "
+            "chain's p50",
+            f"{lat['add']['step']['p50_ms']:.0f} ({lat['add']['step']['max_ms']:.0f}) / "
+            f"{lat['del']['step']['p50_ms']:.0f} ({lat['del']['step']['max_ms']:.0f}) ms; "
+            f"{lat['add']['chain']['p50_ms']:.0f} / {lat['del']['chain']['p50_ms']:.0f} ms",
+            "pod_accounting.json",
+        ),
+        (
+            f"the flagship's per-pod series, every pod IP in use ({cost['kept_per_pod']} a pod: bytes; the "
+            f"scrape job drops packets): GPU + CPU pools; made a day with GPU pods living "
+            f"{ASSUMPTIONS['gpu_pod_hours']:g} h and CPU pods {ASSUMPTIONS['cpu_pod_hours'] * 60:.0f} min",
+            f"{by_pool['gpu']:,.0f} + {by_pool['cpu']:,.0f} = {cost['active_series']:,.0f}; "
+            f"{cost['series_made_per_day']:,.0f}",
+            "pod_accounting.json, flagship stack",
+        ),
+        (
+            f"their cost in the store ({store['victoriametrics'].split('+')[0]}: "
+            f"{store['bytes_per_sample']:.2f} bytes a sample, {store['bytes_per_new_series']:.0f} bytes a "
+            "series made): a day (the measured series of the rest); at "
+            f"{cost['retention_days']} days x {cost['replication']} copies, of the store's disks",
+            f"{cost['samples_gb_per_day'] + cost['new_series_gb_per_day']:.1f} GB "
+            f"({store_sizing()['gb_per_day']:.0f} GB); "
+            f"{cost['store_gb_at_retention']:,.0f} GB, {cost['share_of_store']:.1%}",
+            "pod_accounting.json, flagship stack, metrics_store role",
         ),
     ]
 

@@ -140,7 +140,29 @@ def test_the_results_were_measured_on_todays_tree(flagship_plan: planning.Plan) 
         stale.append(
             f"join_flow.json: the join level was {flow['level']}, today {level} (bench/join_flow.py)"
         )
+    stale += _pod_accounting_stale(flagship_plan)
     assert stale == []
+
+
+def _pod_accounting_stale(plan: planning.Plan) -> list[str]:
+    """pod_accounting.json measured each pool's pods with the flagship's internal ranges of today."""
+    from superkube.plan import checks
+
+    got = json.loads((ROOT / "bench" / "results" / "pod_accounting.json").read_text())
+    engine = checks.plan_wiring(plan)
+    host = next(h for h in engine.hosts if h.group == "gpu_nodes")
+    ranges = engine.render("iptables_accounting", host, ["iptables_accounting_internal_cidrs"])
+    per_pod = 2 * (len(ranges["iptables_accounting_internal_cidrs"]) + 1) + 2  # tagged both ways, dispatch
+    pods = {p.role: p.pod_ips_per_node for p in plan.spec.node_pools}
+    measured = {
+        role: (got["densities"][role]["pods"], got["densities"][role]["per_pod_rules"]) for role in pods
+    }
+    today = {role: (n, n * per_pod) for role, n in pods.items()}
+    if measured != today:
+        return [
+            f"pod_accounting.json: (pods, per-pod rules) {measured}, today {today} (bench/pod_accounting.py)"
+        ]
+    return []
 
 
 def test_the_rule_count_in_the_text_is_todays() -> None:
