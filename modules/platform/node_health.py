@@ -27,6 +27,10 @@ thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a th
   `superkube-node-health-controller-nodes` (only nodes reported fatal; cordon, never uncordon) and
   `superkube-node-health-evictions` (workload namespaces only). Fleet-wide facts live there, not in
   a DaemonSet: no node agent reads the fleet.
+- the GPU reset (superkube.agents.gpu_reset, a DaemonSet per GPU pool whose pods run only on nodes
+  the controller labelled `superkube.io/gpu-reset=requested`): resets a drained node's GPUs once when
+  every fatal finding is one a reset may clear, and records the outcome on its own node; the one
+  privileged container of the layer, fenced by `superkube-gpu-reset-own-node`.
 """
 
 from __future__ import annotations
@@ -72,10 +76,12 @@ HEALTH_CONTROLLER = "superkube-node-health-controller"
 CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
 REMEDIATION_FENCE_NAME = "superkube-remediation-nodes"
+GPU_RESET = "superkube-gpu-reset"
+GPU_RESET_FENCE = "superkube-gpu-reset-own-node"
 # where health may never evict: the control plane's add-ons and superkube's own pods
 PROTECTED_NAMESPACES = health.PROTECTED_NAMESPACES
 Agent = Literal["health", "preflight"]
-Fenced = Literal["preflight", "gpu-test", "health", "health-controller", "remediation"]
+Fenced = Literal["preflight", "gpu-test", "health", "health-controller", "remediation", "gpu-reset"]
 SCALE_UP_DELAY = "cluster-autoscaler.kubernetes.io/pod-scale-up-delay"
 # a writable /tmp for the GPU tests under a read-only root (CUDA and PyTorch keep caches there)
 SCRATCH = {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}
@@ -174,8 +180,13 @@ CONTROLLER_RULES: list[dict[str, object]] = [
 CONTROLLER_LEASE_RULES: list[dict[str, object]] = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
-# the periodic test records its result on its own node, fenced in like preflight
+# the periodic test records its result on its own node, fenced in like preflight; so does the reset
 GPU_TEST_RULES: list[dict[str, object]] = RULES["preflight"]
+GPU_RESET_RULES: list[dict[str, object]] = RULES["preflight"]
+# the reset's container: root with the node's GPU devices and the driver's nvidia-smi (the NVIDIA
+# runtime's utility capability), as a reset needs; the policy allow-list names it with this reason
+RESET_SECURITY = {"privileged": True, "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False,
+                  "readOnlyRootFilesystem": True}  # fmt: skip
 
 
 def _or_empty(path: str, empty: str) -> str:
@@ -197,6 +208,31 @@ class Fence:
     """only the node its pod runs on (by its token's node name)"""
     only_if: tuple[str, str] = ("", "")
     """a further condition on the node before the change (CEL over oldObject), and its message"""
+    label: str | None = None
+    """a label it may add (with the value RESET_REQUESTED) or remove, and no other"""
+    uncordon_if: str = ""
+    """CEL over oldObject under which it may uncordon (a cordoner only)"""
+
+
+def _note(key: str) -> str:
+    """CEL: the old node's annotation `key` ('' when it has none)."""
+    notes = "oldObject.metadata.annotations"
+    return f"((has({notes}) && '{key}' in {notes}) ? {notes}['{key}'] : '')"
+
+
+def _reset_since_cordon(outcome: str) -> str:
+    """CEL: the node's GPU reset ended in `outcome` (cleared, failed) no earlier than its cordon: an
+    outcome from before the cordon is history (the time follows "<outcome> ", 20 characters)."""
+    value, start = _note(health.GPU_RESET), len(outcome) + 1
+    return (
+        f"({value}.startsWith('{outcome} ') && {value}.size() >= {start + 20} && "
+        f"{value}.substring({start}, {start + 20}) >= {_note(health.CORDONED_AT)})"
+    )
+
+
+RESET_CLEARED = _reset_since_cordon("cleared")
+RESET_FAILED = _reset_since_cordon("failed")
+REPORTED_FATAL = f"{_note(health.VERDICT)}.startsWith('fatal')"
 
 
 FENCES: dict[Fenced, Fence] = {
@@ -232,10 +268,24 @@ FENCES: dict[Fenced, Fence] = {
         may_cordon=True,
         own_node=False,
         only_if=(
-            f"has(oldObject.metadata.annotations) && "
-            f"'{health.VERDICT}' in oldObject.metadata.annotations && "
-            f"oldObject.metadata.annotations['{health.VERDICT}'].startsWith('fatal')",
-            "may change only a node its health agent reported fatal",
+            f"{REPORTED_FATAL} || {RESET_CLEARED} || {RESET_FAILED}",
+            "may change only a node its health agent reported fatal, or whose GPU reset since its cordon "
+            "has ended",
+        ),
+        label=health.GPU_RESET_LABEL,
+        # a reset cleared the GPUs since the cordon and the agent no longer reports the node fatal
+        uncordon_if=f"{RESET_CLEARED} && !{REPORTED_FATAL}",
+    ),
+    "gpu-reset": Fence(
+        GPU_RESET_FENCE,
+        GPU_RESET,
+        "the GPU reset",
+        None,
+        (health.GPU_RESET,),
+        only_if=(
+            f"has(oldObject.metadata.labels) && '{health.GPU_RESET_LABEL}' in oldObject.metadata.labels && "
+            f"oldObject.metadata.labels['{health.GPU_RESET_LABEL}'] == '{health.RESET_REQUESTED}'",
+            "may change only a node the health controller labelled for a reset",
         ),
     ),
 }
@@ -260,6 +310,11 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
     may_drop_label = f"k == '{removable}' || " if removable else ""
     taint_rule = f"may only remove the {removable} taint" if removable else "may not change taints"
     label_rule = f"may only remove the {removable} label" if removable else "may not change labels"
+    may_set_label = ""
+    if f.label:
+        may_drop_label += f"k == '{f.label}' || "
+        may_set_label = f"(k == '{f.label}' && {labels}[k] == '{health.RESET_REQUESTED}') || "
+        label_rule = f"may only set the {f.label} label to {health.RESET_REQUESTED} or remove it"
     own = " || ".join(f"k == '{a}'" for a in f.annotations)
     cordoned, was_cordoned = (
         "(has(object.spec.unschedulable) && object.spec.unschedulable)",
@@ -280,7 +335,7 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             "message": f"{who} {taint_rule}",
         },
         {
-            "expression": f"{labels}.all(k, k in {old_labels} && {old_labels}[k] == {labels}[k]) && "
+            "expression": f"{labels}.all(k, {may_set_label}(k in {old_labels} && {old_labels}[k] == {labels}[k])) && "
             f"{old_labels}.all(k, {may_drop_label}k in {labels})",
             "message": f"{who} {label_rule}",
         },
@@ -298,10 +353,16 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             "message": f"{who} may not change the node's owners or finalizers",
         },
         {
-            "expression": f"!{was_cordoned} || {cordoned}"
+            "expression": (
+                f"!{was_cordoned} || {cordoned}" + (f" || ({f.uncordon_if})" if f.uncordon_if else "")
+            )
             if f.may_cordon
             else f"{cordoned} == {was_cordoned}",
-            "message": f"{who} may cordon but never uncordon"
+            "message": (
+                f"{who} may cordon, and uncordon only a node whose GPU reset cleared it since its cordon"
+                if f.uncordon_if
+                else f"{who} may cordon but never uncordon"
+            )
             if f.may_cordon
             else f"{who} may not cordon or uncordon",
         },
@@ -512,6 +573,40 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
     return objects.daemonset(name, COMPONENT, NAMESPACE, pod)
 
 
+def reset_daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs) -> Manifest:
+    """The pool's GPU reset (superkube.agents.gpu_reset): a pod only on the nodes the health controller
+    labelled for a reset (drained, every fatal finding one a reset may clear), gone once it removes the
+    label. Not on the host network: it serves nothing the scrape needs and reaches only the API server."""
+    flags = [
+        f"--interval={min(args.interval_seconds, 30)}",
+        f"--thresholds={THRESHOLDS_DIR}/{args.thresholds.name}",
+        *([f"--dcgm-url={args.dcgm_url}"] if args.dcgm_url else []),
+    ]
+    container = {
+        "name": "reset",
+        "image": args.image,
+        "command": ["python", "-m", "superkube.agents.gpu_reset", *flags],
+        "env": [
+            *_node_env(pool, vm),
+            {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+        ],
+        "resources": AGENT_RESOURCES,
+        "volumeMounts": [{"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True}],
+        "securityContext": RESET_SECURITY,
+    }
+    pod = {
+        "serviceAccountName": GPU_RESET,
+        "priorityClassName": NODE_AGENT_PRIORITY,
+        "nodeSelector": {POOL_LABEL: pool.name, health.GPU_RESET_LABEL: health.RESET_REQUESTED},
+        "tolerations": [{"operator": "Exists"}],  # the node is cordoned, and may carry its pool's taints
+        "containers": [container],
+        "volumes": [{"name": "thresholds", "configMap": {"name": THRESHOLDS_NAME}}],
+    }
+    return objects.daemonset(f"{GPU_RESET}-{pool.name}", COMPONENT, NAMESPACE, pod)
+
+
 def _node_env(pool: PoolSpec, vm: VmSize) -> list[Manifest]:
     return [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
@@ -713,6 +808,15 @@ def manifests(args: NodeHealthArgs) -> list[Manifest]:
         *(daemonset(pool, vm, args, "health") for pool, vm in args.pools),
         *(
             [
+                *fence("gpu-reset"),
+                *objects.service_account_access(GPU_RESET, COMPONENT, NAMESPACE, GPU_RESET_RULES),
+                *(reset_daemonset(pool, vm, args) for pool, vm in args.gpu_pools),
+            ]
+            if args.gpu_pools
+            else []
+        ),
+        *(
+            [
                 *fence("gpu-test"),
                 *objects.service_account_access(GPU_TEST, COMPONENT, NAMESPACE, GPU_TEST_RULES),
                 *(periodic_test(pool, vm, args) for pool, vm in args.gpu_pools),
@@ -732,7 +836,8 @@ class NodeHealth(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "daemonsets": [f"{PREFLIGHT}-{pool.name}" for pool, _ in args.gpu_pools]
-                + [f"{HEALTH}-{pool.name}" for pool, _ in args.pools],
+                + [f"{HEALTH}-{pool.name}" for pool, _ in args.pools]
+                + [f"{GPU_RESET}-{pool.name}" for pool, _ in args.gpu_pools],
                 "periodic_tests": [f"{GPU_TEST}-{pool.name}" for pool, _ in args.gpu_pools]
                 if args.test_schedule
                 else [],

@@ -19,8 +19,30 @@ from superkube.model.spec import PREFLIGHT_TAINT_KEY
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
 # Containers that may run privileged, each with the reason it must. Keyed by
-# "<namespace>/<workload name>/<container>". Nothing in the layer needs it yet.
-PRIVILEGED_ALLOWED: Mapping[str, str] = {}
+# "<namespace>/<workload name>/<container>"; a workload name ending in "-*" stands for one per pool.
+PRIVILEGED_ALLOWED: Mapping[str, str] = {
+    "superkube-system/superkube-gpu-reset-*/reset": (
+        "resets the node's GPUs (nvidia-smi --gpu-reset needs root and the devices), only on a node the "
+        "health controller drained and labelled for it (superkube.agents.gpu_reset)"
+    ),
+}
+
+
+def _allowed(key: str) -> bool:
+    """`key` ("<namespace>/<workload>/<container>") is on PRIVILEGED_ALLOWED, itself or by its pool's pattern."""
+    if key in PRIVILEGED_ALLOWED:
+        return True
+    namespace, _, rest = key.partition("/")
+    workload, _, container = rest.rpartition("/")
+    return any(
+        pattern.endswith("-*") and workload.startswith(pattern[:-1]) and workload != pattern[:-2]
+        for pattern in (
+            p.partition("/")[2].rpartition("/")[0]
+            for p in PRIVILEGED_ALLOWED
+            if p.startswith(f"{namespace}/") and p.endswith(f"/{container}")
+        )
+    )
+
 
 WORKLOAD_TEMPLATE = {
     "Deployment": ("spec", "template", "spec"),
@@ -215,7 +237,7 @@ def _privileged(view: StackView, config: RuleConfig) -> Iterator[Finding]:
                 why.append("privileged")
             if added & {"ALL", "SYS_ADMIN", "CAP_SYS_ADMIN", "NET_ADMIN", "CAP_NET_ADMIN"}:
                 why.append(f"adds {', '.join(sorted(added))}")
-            if why and f"{_name(r)}/{c.get('name')}" not in PRIVILEGED_ALLOWED:
+            if why and not _allowed(f"{_name(r)}/{c.get('name')}"):
                 yield Finding(
                     f"{_name(r)} container {c.get('name')!r} is {' and '.join(why)} and not on the allow-list",
                     r.urn,

@@ -122,3 +122,33 @@ def test_explain_as_json_and_its_exit_status() -> None:
         "reason": "Xid 95: uncontained ECC error",
     }
     assert CliRunner().invoke(app, ["health", "explain", str(READINGS / "healthy.json")]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("reading", "clears"),
+    [("xid-48-dbe", True), ("xid-63-remap-pending", True), ("xid-94-contained", True),
+     ("xid-95-uncontained", True), ("xid-64-remap-failure", False), ("xid-79-off-the-bus", False),
+     ("nvlink-down", False), ("app-fault-xid-13", False), ("healthy", False)],
+)  # fmt: skip
+def test_a_reset_is_tried_only_when_every_fatal_finding_is_one_it_may_clear(
+    reading: str, clears: bool
+) -> None:
+    got = gpu_probe.verdict(gpu_probe.load_reading(READINGS / f"{reading}.json"))
+    assert gpu_probe.reset_may_clear(got) is clears
+    # one finding a reset does not clear beside them: the node is given up, not reset
+    if clears:
+        more = gpu_probe.Finding("fatal", 2, "Xid 79: GPU has fallen off the bus", 79)
+        assert not gpu_probe.reset_may_clear(gpu_probe.Verdict(got.node, "fatal", [*got.findings, more]))
+
+
+def test_forgiving_drops_exactly_that_xid_on_that_gpu() -> None:
+    reading = gpu_probe.load_reading(READINGS / "xid-48-dbe.json")
+    gpu = next(g for g in reading.gpus if 48 in g.xid_errors)
+    plain = reading.model_copy(
+        update={"gpus": [g.model_copy(update={"ecc": gpu_probe.Ecc()}) for g in reading.gpus]}
+    )
+    got = gpu_probe.verdict(plain)
+    assert got.level == "fatal"
+    assert gpu_probe.forgive(got, {gpu.index: 48}).level == "healthy"
+    assert gpu_probe.forgive(got, {gpu.index: 94}).level == "fatal"  # another Xid: not this one
+    assert gpu_probe.forgive(got, {gpu.index + 1: 48}).level == "fatal"  # another GPU: not this one

@@ -8,6 +8,7 @@ import copy
 import json
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from superkube.agents import health_controller as hc
@@ -127,3 +128,40 @@ def test_a_drained_node_is_marked_once_its_pods_are_gone_and_only_then() -> None
     before = len(kube.patched)
     ctl.round()
     assert len(kube.patched) == before, "marked once"
+
+
+def until_quiet(ctl: hc.Controller, kube: Kube, nodes: dict[str, dict[str, Any]], most: int = 6) -> None:
+    """Rounds, each on the nodes as the last one left them, until a round patches nothing."""
+    for _ in range(most):
+        before = len(kube.patched)
+        ctl.round()
+        for name in kube.nodes:
+            nodes[name] = hc.slim(kube.nodes[name])
+        if len(kube.patched) == before:
+            return
+    raise AssertionError("the controller never settled")
+
+
+@pytest.mark.parametrize(("reading", "reset"), [("xid-48-dbe", True), ("xid-79-off-the-bus", False)])
+def test_a_drained_node_is_labelled_for_a_reset_only_when_a_reset_may_clear_it(
+    reading: str, reset: bool
+) -> None:
+    from superkube.cluster import health
+
+    kube = Kube({})
+    nodes = fleet()
+    nodes["gpu-01"] = reported("gpu-01", reading)
+    kube.nodes = copy.deepcopy(nodes)
+    ctl = hc.Controller(kube, lambda: nodes, frozenset({"gpu"}), 0.05)
+    until_quiet(ctl, kube, nodes)
+    meta = kube.nodes["gpu-01"]["metadata"]
+    assert nh.drained(kube.nodes["gpu-01"])
+    assert (meta["labels"].get(health.GPU_RESET_LABEL) == health.RESET_REQUESTED) is reset
+    if reset:  # the reset failed: the label goes, and the node stays cordoned for remediation
+        kube.nodes["gpu-01"]["metadata"]["annotations"][health.GPU_RESET] = (
+            f"failed {kubeapi.stamp(kubeapi.now())}: x"
+        )
+        nodes["gpu-01"] = hc.slim(kube.nodes["gpu-01"])
+        until_quiet(ctl, kube, nodes)
+        after = kube.nodes["gpu-01"]
+        assert health.GPU_RESET_LABEL not in after["metadata"]["labels"] and after["spec"]["unschedulable"]

@@ -209,3 +209,33 @@ def test_the_program_is_two_files_on_python3_beside_the_governor(tmp_path: Path,
     config.write_text(json.dumps({**settings, "max_per_hour": 0}))
     proc = subprocess.run([*run, "--check"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def reset_node(name: str, verdict_hint: bool, outcome: str = "", outcome_ago: float = 0) -> dict[str, Any]:
+    """A node cordoned 2 h ago and drained 10 s ago, reported fatal (with the reset hint or not), its
+    GPU reset's outcome (cleared, failed) `outcome_ago` seconds ago, if any."""
+    n = node(name, cordoned_ago=7200, drained=True)
+    value = "fatal: GPU 1: Xid 48: double-bit ECC error" + (FACTS.reset_hint if verdict_hint else "")
+    n["metadata"]["annotations"][FACTS.verdict] = value
+    if outcome:
+        n["metadata"]["annotations"][FACTS.gpu_reset] = f"{outcome} {stamp(NOW - outcome_ago)}"
+    return n
+
+
+def test_a_node_a_gpu_reset_may_bring_back_is_not_deleted_while_the_reset_is_due_or_cleared_it() -> None:
+    assert FACTS.reset_hint and FACTS.gpu_reset and FACTS.verdict  # the settings carry what it reads
+    wait = SETTINGS["reset_wait_s"]
+    due = reset_node("gpu0-000001", True)  # drained, reset not done yet
+    cleared = reset_node("gpu0-000002", True, "cleared", 60)  # the controller is about to uncordon it
+    failed = reset_node("gpu0-000003", True, "failed", 60)
+    no_hint = reset_node("gpu0-000004", False)  # Xid 79 and the like: nothing to wait for
+    stale = reset_node("gpu0-000005", True, "cleared", wait + 1)  # cleared long ago, never uncordoned
+    old = reset_node("gpu0-000006", True, "failed", 3 * 3600)  # a previous cordon's outcome: history
+    got = rem.decide(fleet(due, cleared, failed, no_hint, stale, old), FACTS, SETS, {"gpu": 7.0}, 0.5, 10,
+                     NOW, reset_wait_s=wait)  # fmt: skip
+    assert sorted(got.delete) == ["gpu0-000003", "gpu0-000004", "gpu0-000005"]
+    assert set(got.held) == {"gpu0-000001", "gpu0-000002", "gpu0-000006"}
+    assert "GPU reset" in got.held["gpu0-000001"]
+    # a reset asked for but never ended holds the node only `reset_wait_s` from the drain
+    later = rem.decide(fleet(due), FACTS, SETS, {"gpu": 7.0}, 0.5, 10, NOW + wait, reset_wait_s=wait)
+    assert later.delete == ["gpu0-000001"]

@@ -280,10 +280,12 @@ def test_health_runs_on_every_pool_and_preflight_on_every_gpu_pool_with_its_vm_f
     pools = any_plan.spec.node_pools
     gpu_pools = [p for p in pools if p.role == "gpu"]
     assert gpu_pools and len(gpu_pools) < len(pools), "the stacks have CPU pools too"
-    sets = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet", "node-health")}
+    every = {d["metadata"]["name"]: d for d in of_kind(any_plan, "DaemonSet", "node-health")}
+    sets = {name: d for name, d in every.items() if not name.startswith("superkube-gpu-reset-")}
     assert set(sets) == {f"superkube-node-health-{p.name}" for p in pools} | {
         f"superkube-preflight-{p.name}" for p in gpu_pools
     }
+    assert set(every) - set(sets) == {f"superkube-gpu-reset-{p.name}" for p in gpu_pools}
     (agents_job,) = [j for j in jobs() if j.name == "node-agents"]
     ports = set()
     for name, ds in sets.items():
@@ -492,6 +494,7 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
             "superkube-node-health-controller",
             "superkube-preflight",
             "superkube-gpu-test",
+            "superkube-gpu-reset",
         )
     }
     # the per-node agent reads (watches) and writes its own node only: no pods, no evictions
@@ -503,7 +506,7 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     assert not {v for r, v in granted["superkube-node-health-controller"] if r == "pods"} - {"list"}
     # the preflight agent and the periodic test patch nodes, each fenced in by its admission policy,
     # and nothing else
-    for agent in ("superkube-preflight", "superkube-gpu-test"):
+    for agent in ("superkube-preflight", "superkube-gpu-test", "superkube-gpu-reset"):
         assert granted[agent] == {("nodes", "get"), ("nodes", "patch"), ("events", "create")}
     bindings = {
         b["spec"]["policyName"]: b["spec"]
@@ -512,6 +515,8 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     fenced = {
         "superkube-preflight-own-node": "superkube-preflight'",
         "superkube-gpu-test-own-node": "superkube-gpu-test'",
+        # the GPU reset: its own node's reset outcome, only on a node labelled for the reset
+        "superkube-gpu-reset-own-node": "superkube-gpu-reset'",
         # the health agent: its own node's report; the controller: nodes reported fatal, workload pods
         "superkube-node-health-own-node": "superkube-node-health'",
         "superkube-node-health-controller-nodes": "superkube-node-health-controller'",
@@ -573,6 +578,7 @@ def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -
     plan = planning.run(ROOT, str(write_stack(config)))
     assert of_kind(plan, "CronJob") == []
     assert sorted(b["spec"]["policyName"] for b in of_kind(plan, "ValidatingAdmissionPolicyBinding")) == [
+        "superkube-gpu-reset-own-node",  # the GPU reset's, whatever the schedule
         "superkube-node-documents-admins-only",  # the join-tokens component's, whatever the schedule
         "superkube-node-health-controller-nodes",
         "superkube-node-health-evictions",
@@ -671,3 +677,32 @@ def test_a_stack_without_the_governor_grants_its_user_nothing() -> None:
         for s in o.get("subjects", [])
     }
     assert users == {autoscaling.USER}
+
+
+def test_the_gpu_reset_runs_only_on_nodes_the_controller_labelled_as_root_with_no_host_path(
+    any_plan: Plan,
+) -> None:
+    """The one privileged container of the layer: on a GPU pool's nodes that carry the reset label
+    (drained by health), off the host network, no host directory, its service account fenced to its
+    own node's one annotation; the policy's allow-list names it."""
+    from policies.rules.platform import _allowed
+    from superkube.cluster import health
+
+    resets = [
+        d for d in of_kind(any_plan, "DaemonSet", "node-health") if "gpu-reset" in d["metadata"]["name"]
+    ]
+    assert resets
+    for ds in resets:
+        spec = ds["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        assert spec["nodeSelector"][health.GPU_RESET_LABEL] == health.RESET_REQUESTED
+        assert container["command"][:3] == ["python", "-m", "superkube.agents.gpu_reset"]
+        assert container["securityContext"]["privileged"] and container["securityContext"]["runAsUser"] == 0
+        assert not spec.get("hostNetwork") and not spec.get("hostPID")
+        assert not [v for v in spec["volumes"] if "hostPath" in v]
+        assert spec["serviceAccountName"] == "superkube-gpu-reset"
+        assert _allowed(f"superkube-system/{ds['metadata']['name']}/reset")
+    assert not _allowed("superkube-system/superkube-gpu-reset/reset")  # the pattern needs a pool
+    assert not _allowed("superkube-system/superkube-node-health-gpu/agent")
+    fences = {p["metadata"]["name"] for p in of_kind(any_plan, "ValidatingAdmissionPolicy")}
+    assert "superkube-gpu-reset-own-node" in fences

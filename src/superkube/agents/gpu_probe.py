@@ -92,8 +92,16 @@ class PerformanceLimits(_Model):
     expected: dict[str, dict[Figure, float]]
 
 
+class ResetClears(_Model):
+    xid: list[int] = Field(default_factory=list)
+    volatile_double_bit: bool = False
+    pending_retirement: bool = False
+    pending_remap: bool = False
+
+
 class Thresholds(_Model):
     xid: dict[Literal["fatal", "warning"], dict[int, str]]
+    reset_clears: ResetClears = Field(default_factory=ResetClears)
     ecc: dict[
         Literal["volatile_double_bit_fatal", "aggregate_double_bit_warning", "volatile_single_bit_warning"],
         int,
@@ -235,6 +243,8 @@ class Finding:
     level: Level
     gpu: int | None  # None: the node as a whole
     reason: str
+    xid: int | None = None  # the Xid this finding is about, if any
+    reset_clears: bool = False  # a GPU reset may clear it (gpu_health.yaml `reset_clears`)
 
     def __str__(self) -> str:
         where = f"GPU {self.gpu}" if self.gpu is not None else "node"
@@ -258,19 +268,25 @@ class Verdict:
 def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
     out: list[Finding] = []
     i = gpu.index
+    clears = t.reset_clears
     for xid in sorted(set(gpu.xid_errors)):
         if xid in t.xid["fatal"]:
-            out.append(Finding("fatal", i, f"Xid {xid}: {t.xid['fatal'][xid]}"))
+            out.append(Finding("fatal", i, f"Xid {xid}: {t.xid['fatal'][xid]}", xid, xid in clears.xid))
         elif xid in t.xid["warning"]:
-            out.append(Finding("warning", i, f"Xid {xid}: {t.xid['warning'][xid]}"))
+            out.append(Finding("warning", i, f"Xid {xid}: {t.xid['warning'][xid]}", xid))
         else:
             out.append(
-                Finding("warning", i, f"Xid {xid}: not in src/superkube/data/gpu_health.yaml; look it up")
+                Finding(
+                    "warning", i, f"Xid {xid}: not in src/superkube/data/gpu_health.yaml; look it up", xid
+                )
             )
     if gpu.ecc.volatile_double_bit >= t.ecc["volatile_double_bit_fatal"]:
         out.append(
             Finding(
-                "fatal", i, f"{gpu.ecc.volatile_double_bit} uncorrectable ECC errors since the driver loaded"
+                "fatal",
+                i,
+                f"{gpu.ecc.volatile_double_bit} uncorrectable ECC errors since the driver loaded",
+                reset_clears=clears.volatile_double_bit,
             )
         )
     elif gpu.ecc.aggregate_double_bit >= t.ecc["aggregate_double_bit_warning"]:
@@ -285,7 +301,14 @@ def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
         )
     pages = gpu.retired_pages
     if pages.pending and t.retired_pages["pending_fatal"]:
-        out.append(Finding("fatal", i, "a memory page is pending retirement: reset the GPU before use"))
+        out.append(
+            Finding(
+                "fatal",
+                i,
+                "a memory page is pending retirement: reset the GPU before use",
+                reset_clears=clears.pending_retirement,
+            )
+        )
     if pages.total >= int(t.retired_pages["total_fatal"]):
         out.append(Finding("fatal", i, f"{pages.total} retired pages: due for replacement"))
     elif pages.total >= int(t.retired_pages["total_warning"]):
@@ -294,7 +317,14 @@ def _gpu_findings(gpu: Gpu, t: Thresholds) -> list[Finding]:
     if rows.failure and t.remapped_rows["failure_fatal"]:
         out.append(Finding("fatal", i, "row remapping failed: the GPU needs service"))
     if rows.pending and t.remapped_rows["pending_fatal"]:
-        out.append(Finding("fatal", i, "a row remap is pending: reset the GPU before use"))
+        out.append(
+            Finding(
+                "fatal",
+                i,
+                "a row remap is pending: reset the GPU before use",
+                reset_clears=clears.pending_remap,
+            )
+        )
     if gpu.pcie and t.pcie["degraded_warning"]:
         p = gpu.pcie
         if p.link_width < p.max_link_width or p.link_generation < p.max_link_generation:
@@ -412,6 +442,23 @@ def verdict(reading: Reading, t: Thresholds | None = None) -> Verdict:
     findings += _performance_findings(reading, t)
     level: Level = max((f.level for f in findings), key=ORDER.__getitem__, default="healthy")
     return Verdict(reading.node, level, findings)
+
+
+def reset_may_clear(v: Verdict) -> bool:
+    """A fatal verdict whose every fatal finding a GPU reset may clear."""
+    fatal = [f for f in v.findings if f.level == "fatal"]
+    return bool(fatal) and all(f.reset_clears for f in fatal)
+
+
+def forgive(v: Verdict, forgiven: dict[int, int]) -> Verdict:
+    """The verdict without the Xids a GPU reset cleared ({GPU index: Xid}): dcgm-exporter keeps
+    reporting a GPU's last Xid after the reset, so the same Xid on the same GPU is history until
+    another takes its place. Every other finding stays."""
+    if not forgiven:
+        return v
+    kept = [f for f in v.findings if f.xid is None or f.gpu is None or forgiven.get(f.gpu) != f.xid]
+    level: Level = max((f.level for f in kept), key=ORDER.__getitem__, default="healthy")
+    return Verdict(v.node, level, kept)
 
 
 def read_nvml(node: str, vm_size: str, expected_gpus: int) -> Reading:

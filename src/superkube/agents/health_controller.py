@@ -20,13 +20,18 @@ Each round (`--interval`, and at once after the watch brings a change) the leade
 - a node cordoned by health whose pods a drain moves are all gone: mark it drained
   (`superkube.io/health-drained-at`), once; its agent then approves the maintenance Azure scheduled
   for its VM, so Azure need not wait for the event's NotBefore.
+- a node cordoned by health and drained whose verdict ends with `health.RESET_HINT` (every fatal
+  finding one a GPU reset may clear): label it for the reset (superkube.agents.gpu_reset), once per
+  cordon; once the reset cleared it and its agent reports it no longer fatal, uncordon it; after a
+  failed reset, take the label off (remediation then replaces the VM).
 A node counts as cordoned by health while it is unschedulable and carries that annotation: a node
 repaired and uncordoned by hand is history. Pods are listed only for the node being drained
 (field selector `spec.nodeName`).
 
 What it may do is enforced in the cluster: the ValidatingAdmissionPolicies
-`superkube-node-health-controller-nodes` (only nodes their agent reported fatal; cordon, never
-uncordon; its two annotations) and `superkube-node-health-evictions` (workload namespaces only).
+`superkube-node-health-controller-nodes` (only nodes their agent reported fatal or whose reset ended
+since the cordon; cordon, and uncordon only after a reset cleared the node; its annotations; the
+reset label) and `superkube-node-health-evictions` (workload namespaces only).
 
 Metrics on port 9465: `superkube_health_cordoned_nodes{pool}`, `superkube_health_breaker_open{pool}`,
 `superkube_health_actions_total{action, dry_run}`, `superkube_health_leader`,
@@ -57,6 +62,7 @@ from superkube.agents.node_health import (
     ANNOTATION_AT,
     DRAINED_AT,
     VERDICT_ANNOTATION,
+    VERDICT_AT,
     Decision,
     cordon_patch,
     cordoned_by_us,
@@ -66,6 +72,7 @@ from superkube.agents.node_health import (
     in_preflight,
     reported,
 )
+from superkube.cluster import health
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.cluster.kube import NODE_AGENTS_METRICS_PORT
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
@@ -73,7 +80,7 @@ from superkube.model.spec import PREFLIGHT_TAINT_KEY
 COMPONENT = "superkube-node-health-controller"
 LEASE = COMPONENT
 log = logging.getLogger(COMPONENT)
-_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION, DRAINED_AT)
+_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION, VERDICT_AT, DRAINED_AT, health.GPU_RESET)
 
 
 def slim(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,7 +92,11 @@ def slim(node: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": meta.get("name", ""),
             "uid": meta.get("uid", ""),
-            "labels": {POOL_LABEL: (meta.get("labels") or {}).get(POOL_LABEL, "")},
+            "labels": {
+                k: v
+                for k, v in (meta.get("labels") or {}).items()
+                if k in (POOL_LABEL, health.GPU_RESET_LABEL)
+            },
             "annotations": {k: notes[k] for k in _KEPT if k in notes},
         },
         "spec": {
@@ -165,6 +176,8 @@ class Controller:
         for i, node in enumerate(members):
             name = node["metadata"]["name"]
             verdict = reported(node)
+            if cordoned_by_us(node) and self._reset(node):
+                continue
             if verdict is None or verdict.level != "fatal" or in_preflight(node):
                 self.held.discard(name)
                 continue
@@ -197,6 +210,53 @@ class Controller:
         self.metrics.cordoned.labels(pool).set(sum(1 for n in eligible if cordoned_by_us(n)))
         self.metrics.breaker.labels(pool).set(1 if open_ else 0)
         return done
+
+    def _reset(self, node: Mapping[str, Any]) -> bool:
+        """The GPU reset of a node health cordoned: ask for it once the node is drained, when every
+        fatal finding is one a reset may clear; uncordon the node once the reset cleared it and its
+        agent reports it no longer fatal; take the label off after a failed reset (remediation then
+        replaces the VM). True: nothing else is to be done with the node this round."""
+        name = node["metadata"]["name"]
+        notes = node["metadata"].get("annotations") or {}
+        labelled = (node["metadata"].get("labels") or {}).get(
+            health.GPU_RESET_LABEL
+        ) == health.RESET_REQUESTED
+        outcome, at, _ = health.reset_outcome(notes.get(health.GPU_RESET, ""))
+        value = notes.get(VERDICT_ANNOTATION, "")
+        if outcome and at >= notes.get(ANNOTATION_AT, ""):  # this cordon's reset has ended
+            if outcome == "failed":
+                if labelled:
+                    unlabel: dict[str, Any] = {"metadata": {"labels": {health.GPU_RESET_LABEL: None}}}
+                    self._do("reset_unlabel", f"unlabel {name}: its GPU reset failed",
+                             lambda: self.kube.patch_node(name, unlabel))  # fmt: skip
+                return False  # drained, and given up: remediation's
+            if value.startswith("fatal") or notes.get(VERDICT_AT, "") < at:
+                return True  # cleared: waiting for its agent's verdict on the reset GPUs
+            body: dict[str, Any] = {
+                "spec": {"unschedulable": False},
+                "metadata": {"labels": {health.GPU_RESET_LABEL: None}},
+            }
+            self._do("uncordon", f"uncordon {name}: a GPU reset cleared it ({value})",
+                     lambda: self.kube.patch_node(name, body))  # fmt: skip
+            if self.draining is not None:
+                self.draining.discard(name)
+            self._event(node, "Normal", "GPUResetUncordon",
+                        f"uncordoned: a GPU reset cleared what it was cordoned for; its agent reports {value}")  # fmt: skip
+            return True
+        if value.startswith("fatal") and value.endswith(health.RESET_HINT) and drained(node) and not labelled:
+            body = {"metadata": {"labels": {health.GPU_RESET_LABEL: health.RESET_REQUESTED}}}
+            self._do("reset_request", f"label {name} for a GPU reset: {value}",
+                     lambda: self.kube.patch_node(name, body))  # fmt: skip
+            self._event(node, "Normal", "GPUResetRequested",
+                        "drained; resetting its GPUs once before it is given up: every fatal finding is one a reset may clear")  # fmt: skip
+            return True
+        return labelled  # asked for: the reset agent is at it
+
+    def _event(self, node: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        body = event(node, COMPONENT, type_, reason, message, now())
+        self._do(
+            "event", f"event {reason} on {node['metadata']['name']}", lambda: self.kube.create_event(body)
+        )
 
     def _mark_drained(self, node: Mapping[str, Any]) -> None:
         name = node["metadata"]["name"]

@@ -228,6 +228,9 @@ def note(verdict: gpu_probe.Verdict, node: Mapping[str, Any] | None = None) -> s
     passed (seen in the lab) until the agent's next round."""
     if node is not None and in_preflight(node):
         return IN_PREFLIGHT
+    if verdict.level == "fatal" and gpu_probe.reset_may_clear(verdict):
+        # the hint is kept whole however long the reasons: the controller and remediation read it
+        return _summary(verdict, "fatal")[: MAX_MESSAGE - len(health.RESET_HINT)] + health.RESET_HINT
     if verdict.level in ("fatal", "warning"):
         return _summary(verdict, verdict.level) or verdict.level
     return "healthy"
@@ -382,8 +385,22 @@ class Agent:
     host: host_checks.HostChecks | None = None
     events: Events | None = None
 
+    forgiven: dict[int, int] = field(default_factory=dict)
+    """{GPU index: Xid} a GPU reset cleared (its node's GPU_RESET annotation), as last seen"""
+
+    def _forgiven(self) -> dict[int, int]:
+        """The Xids the node's last GPU reset cleared; the last known while the node cannot be read."""
+        try:
+            notes = (self.own().get("metadata") or {}).get("annotations") or {}
+        except Exception:  # the API server is away: the round still probes, and says so later
+            return self.forgiven
+        outcome, _, pairs = health.reset_outcome(notes.get(health.GPU_RESET, ""))
+        self.forgiven = pairs if outcome == "cleared" else {}
+        return self.forgiven
+
     def _findings(self, verdict: gpu_probe.Verdict) -> gpu_probe.Verdict:
         """The probe's verdict with the host's and the cloud's findings, each check's counted."""
+        verdict = gpu_probe.forgive(verdict, self._forgiven())
         by_check: dict[str, list[gpu_probe.Finding]] = {"gpu": list(verdict.findings)}
         if self.host is not None:
             by_check.update(self.host.read())

@@ -10,7 +10,8 @@ nothing else (modules/cluster.py).
 
 Every `interval_s` seconds, as the leader:
 - a node cordoned by health (superkube.agents.node_health: unschedulable, with the cordon
-  annotation) whose drain is done (the controller's `superkube.io/health-drained-at`), or whose
+  annotation) whose drain is done (the controller's `superkube.io/health-drained-at`) and whose GPU
+  reset, where one was worth trying, failed (or did not end within `reset_wait_s`), or whose
   cordon is older than its pool's deadline (`deadline_days`, default 7: pods a budget protects may
   keep a node busy that long), is deleted: its scale-set instance found from its name (a Uniform
   scale set names an instance by the set's computer-name prefix and the instance ID in base 36, six
@@ -71,6 +72,27 @@ class NodeFacts:
     requested_at: str  # this service: it asked Azure to delete the node's VM
     pool_label: str
     preflight_taint: str
+    verdict: str = ""  # node_health.VERDICT_ANNOTATION: the agent's verdict
+    gpu_reset: str = ""  # health.GPU_RESET: the GPU reset's outcome
+    reset_hint: str = ""  # health.RESET_HINT: ends a verdict a GPU reset may clear
+
+    def awaiting_reset(self, node: Mapping[str, Any], now: float, wait_s: float) -> bool:
+        """A GPU reset of this cordon is due or under way, or cleared the GPUs and the controller is
+        about to uncordon the node: not a VM to delete yet, for at most `wait_s` from the drain (or
+        from the reset's clearing). A failed reset, or a verdict no reset clears, waits for nothing."""
+        notes = node["metadata"].get("annotations") or {}
+        cordoned_at = notes.get(self.cordoned_at, "")
+        word, _, rest = (notes.get(self.gpu_reset, "") if self.gpu_reset else "").partition(" ")
+        if word in ("cleared", "failed") and rest[:20] >= cordoned_at:
+            if word == "failed":
+                return False
+            start = _at(rest[:20])
+        else:
+            verdict = notes.get(self.verdict, "") if self.verdict else ""
+            if not (self.reset_hint and verdict.startswith("fatal") and verdict.endswith(self.reset_hint)):
+                return False
+            start = _at(notes.get(self.drained_at, ""))
+        return start is None or now - start < wait_s
 
     def pool(self, node: Mapping[str, Any]) -> str:
         return str((node["metadata"].get("labels") or {}).get(self.pool_label, ""))
@@ -131,6 +153,7 @@ def decide(
     left_this_hour: int,
     now: float,
     gone: Callable[[str], bool] = lambda node: False,
+    reset_wait_s: float = 3600.0,
 ) -> Decision:
     """This round's deletions, in the order the cordons were made."""
     delete: list[str] = []
@@ -162,6 +185,9 @@ def decide(
             late = cordoned_at is not None and now - cordoned_at >= deadline
             if not (drained or late):
                 held[name] = "not drained yet, and its deadline has not passed"
+                continue
+            if not late and facts.awaiting_reset(n, now, reset_wait_s):
+                held[name] = "its GPU reset is due, under way, or cleared it: the node may come back"
                 continue
             if instance_of(name, sets) is None:
                 held[name] = "no scale set of this cluster names it"
@@ -250,6 +276,7 @@ class Remediation:
     max_per_hour: int
     max_cordoned_share: float
     clock: Callable[[], float] = time.time
+    reset_wait_s: float = 3600.0
     done: deque[float] = field(default_factory=deque)  # when each deletion of the last hour was asked
 
     def once(self) -> Decision:
@@ -263,7 +290,7 @@ class Remediation:
             return found is not None and self.instances.computer_name(found[0].name, found[1]) is None
 
         decision = decide(nodes, self.facts, self.sets, self.deadlines_days, self.max_cordoned_share,
-                          self.max_per_hour - len(self.done), now, gone)  # fmt: skip
+                          self.max_per_hour - len(self.done), now, gone, self.reset_wait_s)  # fmt: skip
         for name in decision.delete:
             found = instance_of(name, self.sets)
             assert found is not None
@@ -328,6 +355,7 @@ class ServiceConfig:
     max_per_hour: int = 10
     max_cordoned_share: float = 0.05
     interval_s: float = 60.0
+    reset_wait_s: float = 3600.0
     arm: str = "https://management.azure.com"
     imds: str = "http://169.254.169.254/metadata/identity/oauth2/token"
 
@@ -372,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kube, AzureInstances(config.scope, config.client_id, config.arm, config.imds),
         NodeFacts(**config.node_facts), config.sets(),
         config.deadline_days, config.max_per_hour, config.max_cordoned_share,
+        reset_wait_s=config.reset_wait_s,
     )  # fmt: skip
     while True:
         try:

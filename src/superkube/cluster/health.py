@@ -25,3 +25,36 @@ PROTECTED_NAMESPACES = ("kube-system", SYSTEM_NAMESPACE)
 superkube's own pods (agents, balloons), which a node's drain does not need moved."""
 THRESHOLDS = Path(__file__).resolve().parents[1] / "data" / "gpu_health.yaml"
 """The GPU probe's thresholds: the agents read them, the layer ships them as a ConfigMap."""
+GPU_RESET = "superkube.io/gpu-reset"
+"""The GPU reset's outcome on its node, written by the reset agent (superkube.agents.gpu_reset) and
+nothing else: "cleared <time> xids=<gpu>:<xid>,..." (the Xids dcgm-exporter still reports from before
+the reset, which the health agent then forgives) or "failed <time>: <why>". Both are history once
+the node is cordoned again: an outcome counts only when it is not older than the cordon."""
+GPU_RESET_LABEL = "superkube.io/gpu-reset"
+"""The label the health controller puts on a drained node to have its GPUs reset once (the value is
+RESET_REQUESTED); the pool's reset DaemonSet selects it. The controller removes it when it is done."""
+RESET_REQUESTED = "requested"
+RESET_HINT = " [a GPU reset may clear this]"
+"""Ends a fatal verdict whose every fatal finding a GPU reset may clear: the controller tries one
+reset before the node is given up, and remediation waits for it."""
+RESET_WAIT_S = 3600.0
+"""How long remediation waits for a reset that was asked for (from the drain) or that cleared the
+GPUs (from then: the controller uncordons once the agent reports the node healthy) before it deletes
+the VM all the same."""
+
+
+def reset_outcome(value: str) -> tuple[str, str, dict[int, int]]:
+    """(outcome "cleared" or "failed", its time, {GPU index: Xid forgiven}) of a GPU_RESET annotation;
+    ("", "", {}) when it is none of those."""
+    word, _, rest = (value or "").partition(" ")
+    if word not in ("cleared", "failed") or len(rest) < 20:
+        return "", "", {}
+    at, forgiven = rest[:20], {}
+    if word == "cleared":
+        for part in rest[20:].split():
+            if part.startswith("xids="):
+                for pair in part[5:].split(","):
+                    gpu, _, xid = pair.partition(":")
+                    if gpu.isdigit() and xid.isdigit():
+                        forgiven[int(gpu)] = int(xid)
+    return word, at, forgiven

@@ -53,5 +53,9 @@ def settings(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             "requested_at": health.REMEDIATION_REQUESTED_AT,
             "pool_label": POOL_LABEL,
             "preflight_taint": PREFLIGHT_TAINT_KEY,
+            "verdict": health.VERDICT,
+            "gpu_reset": health.GPU_RESET,
+            "reset_hint": health.RESET_HINT,
         },
+        "reset_wait_s": health.RESET_WAIT_S,
     }

@@ -19,6 +19,9 @@ everything it changes is listed here, and nowhere else:
   registers the GPUs NVML finds, so a GPU node advertises its pool's `nvidia.com/gpu` count (one
   fewer when the reading says a GPU is gone, a GPU with an Xid error Unhealthy), and jobs that ask
   for whole nodes' GPUs are placed as on Azure. It reads READING through the same hostPath mount.
+- The GPU reset's DaemonSet is applied as it is and never runs: its pods go only to nodes the health
+  controller labels for a reset, and no lab fault is one a reset clears (a GPU gone, Xid 79); the
+  reset is tested against a stand-in NVML instead (tests/agents/test_gpu_reset.py).
 - Balloons at no replicas. Each asks for a whole node of its pool (GPUs included), which no lab node
   has; at the plan's count (the pool's maximum) they would be thousands of Pending pods.
 """
