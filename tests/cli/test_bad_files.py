@@ -111,6 +111,7 @@ for _reader in (
     ("policy-config",),
     ("inventory",),
     ("monitoring", "render"),
+    ("usage",),  # its --stack names the metrics store from the plan's addresses
     ("job", "render", str(JOB)),
     ("image", "capture", "gpu", "--version", "1.0.0", "--subscription", SUBSCRIPTION, "-i", "INVENTORY"),
     ("image", "roll", "gpu", "--subscription", SUBSCRIPTION, "--kubeconfig", "KUBECONFIG"),

@@ -61,7 +61,7 @@ def test_a_one_node_stack_on_an_nc24ads_a100_v4_plans_with_its_facts(
     agents = [
         d for d in daemonsets if "nvidia-device-plugin" not in d.name
     ]  # NVIDIA's plugin reads the GPUs itself
-    assert {d.name.rsplit("-", 2)[-2] for d in agents} == {"health", "preflight"}
+    assert {d.name.rsplit("-", 2)[-2] for d in agents} == {"health", "preflight", "reset"}
     assert len(daemonsets) == len(agents) + 1
     for daemonset in agents:
         env = {
