@@ -33,9 +33,9 @@ import pulumi
 from modules.common import require
 from modules.platform import objects
 from modules.platform.objects import Manifest
-from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE
+from superkube.cluster.kube import APF_NODE_HIGH_PRECEDENCE, APF_NODE_JOIN_LEVEL
 
-LEVEL = "superkube-node-join"
+LEVEL = APF_NODE_JOIN_LEVEL
 COMPONENT = "flowcontrol"
 API = "flowcontrol.apiserver.k8s.io/v1"
 

@@ -196,6 +196,9 @@ APF_BUILTIN_SHARES = {
 }
 APF_NODE_HIGH_PRECEDENCE = 400
 """matchingPrecedence of the built-in `system-node-high` FlowSchema (node status and leases)."""
+APF_NODE_JOIN_LEVEL = "superkube-node-join"
+"""The priority level joining nodes' bootstrap and registration queue on (the layer's flowcontrol);
+its dashboard panels select it by this name."""
 
 
 def apf_seats(shares: int, total_concurrency: int) -> int:
