@@ -1,4 +1,4 @@
-"""`superkube monitoring`: Prometheus for a cluster."""
+"""`superkube monitoring`: Prometheus and Grafana's dashboards for a cluster."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from superkube.cli.common import (
 from superkube.model.spec import SpecError
 from superkube.model.words import plural
 
-monitoring_app = group("Prometheus for the cluster: sharded scrape configs and rules.")
+monitoring_app = group("Prometheus for the cluster: sharded scrape configs, rules and Grafana dashboards.")
 
 
 @monitoring_app.command("render", cls=Command)
@@ -30,14 +30,20 @@ def monitoring_render(
     out_dir: Annotated[
         Path | None,
         typer.Option(
-            "--out", help="Write prometheus-<shard>.yml and rules/ into this directory (made if missing)."
+            "--out",
+            help="Write prometheus-<shard>.yml, rules/ and grafana/ into this directory (made if missing).",
         ),
     ] = None,
     project: ProjectOpt = None,
 ) -> None:
-    """Write each Prometheus shard's configuration and the alert and recording rules, from the spec."""
+    """Write each Prometheus shard's configuration, the rules and Grafana's dashboards, from the spec.
 
-    from superkube.cluster import monitoring
+    Beside the dashboards (grafana/dashboards/), Grafana's provisioning files: a dashboards provider
+    and a datasource for the cluster's metrics store (grafana/provisioning/).
+    """
+
+    from superkube.cluster import dashboards, monitoring
+    from superkube.fleet.usage import metrics_store_query_url
     from superkube.plan import engine as planning
 
     if out_dir is not None:
@@ -49,15 +55,27 @@ def monitoring_render(
         _, spec, addresses = planning.load(project_dir(project), stack)
     except SpecError as exc:
         fail(str(exc))
+    cluster = spec.name(planning.stack_name(stack))
+    store = metrics_store_query_url(spec, addresses)
     if out_dir is None:
         with tempfile.TemporaryDirectory() as tmp:
-            for path in monitoring.write(spec, addresses, Path(tmp), spec.name(planning.stack_name(stack))):
+            paths = [*monitoring.write(spec, addresses, Path(tmp), cluster)]
+            paths += dashboards.write(Path(tmp), cluster, store).paths
+            for path in paths:
                 sys.stdout.write(f"# file: {path.relative_to(tmp)}\n{path.read_text()}")
         return
     out_dir.mkdir(exist_ok=True)
-    written = monitoring.write(spec, addresses, out_dir, spec.name(planning.stack_name(stack)))
+    written = monitoring.write(spec, addresses, out_dir, cluster)
+    grafana = dashboards.write(out_dir, cluster, store)
     out.print(
-        f"{plural(spec.prometheus_shards, 'Prometheus shard config')} and "
-        f"{plural(len(written) - spec.prometheus_shards, 'rule file')} under {out_dir}; check them with "
-        "promtool check config / test rules"
+        f"{plural(spec.prometheus_shards, 'Prometheus shard config')}, "
+        f"{plural(len(written) - spec.prometheus_shards, 'rule file')} and "
+        f"{plural(grafana.dashboards, 'Grafana dashboard')} with Grafana's provisioning under {out_dir}; "
+        f"check them with promtool check config / test rules; copy grafana/ to {dashboards.GRAFANA_DIR} "
+        "on the monitoring hosts"
     )
+    if not store:
+        out.print(
+            f"[yellow]the stack's metrics_store_url {spec.metrics_store_url} does not say where the store "
+            "answers queries: set the url in grafana/provisioning/datasources/superkube.yml[/yellow]"
+        )
