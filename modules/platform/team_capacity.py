@@ -135,6 +135,9 @@ def reconciler(args: TeamCapacityArgs) -> list[Manifest]:
             NAMESPACE,
             [
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+                # the namespaces labelled with a team, read only: their team is a metric the store
+                # joins per-namespace figures (each pod's network use) with
+                {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
                 {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
             ],
         ),

@@ -81,6 +81,7 @@ def watched(kube: Kube) -> Iterator[team_taints.WatchedNodes]:
     finally:
         stop.set()
         nodes.watch.close()
+        nodes.namespaces.close()
 
 
 def reconcile(teams_file: Path, kube: Kube) -> dict[str, int]:
@@ -129,6 +130,34 @@ def test_a_node_changed_since_it_was_read_is_refused_and_the_round_goes_on(
     assert sum(refused.values()) == 1 and set(refused) <= {"409", "422"}, refused
     reconcile(teams_file, kube)  # the next round sets it
     assert teams.taint("research") in kube.node(changed)["spec"]["taints"]
+
+
+def test_each_namespace_labelled_with_a_team_is_a_series_of_its_team(api: LocalApi, teams_file: Path) -> None:
+    """The join the store makes of per-namespace figures with teams: the reconciler follows the
+    namespaces labelled with a team (a watch of their own) and exports one series each; a relabel
+    moves it, a namespace whose label goes has none."""
+    kube = Kube(str(api.kubeconfig))
+    research, infer, plain = unique("research"), unique("infer"), unique("plain")
+    namespace(api, research, {teams.TEAM_KEY: "research"})
+    namespace(api, infer, {teams.TEAM_KEY: "inference"})
+    namespace(api, plain)
+
+    def series(reconciler: team_taints.Reconciler) -> dict[str, str]:
+        found = [s.labels for m in reconciler.metrics.registry.collect() for s in m.samples
+                 if s.name == "superkube_namespace_team" and s.value == 1]  # fmt: skip
+        return {s["namespace"]: s["team"] for s in found if s["namespace"] in (research, infer, plain)}
+
+    with watched(kube) as nodes:
+        reconciler = team_taints.Reconciler(teams_file, nodes)
+        reconciler.round()
+        assert series(reconciler) == {research: "research", infer: "inference"}
+        admin(api).patch_namespace(infer, {"metadata": {"labels": {teams.TEAM_KEY: "research"}}})
+        admin(api).patch_namespace(research, {"metadata": {"labels": {teams.TEAM_KEY: None}}})
+        deadline = time.monotonic() + 10
+        while series(reconciler) != {infer: "research"} and time.monotonic() < deadline:
+            time.sleep(0.2)
+            reconciler.round()
+        assert series(reconciler) == {infer: "research"}
 
 
 def _samples(registry: Any, name: str) -> list[tuple[str, float]]:

@@ -57,8 +57,9 @@ def nodes() -> list[dict[str, Any]]:
 class FakeKube:
     """Applies each JSON patch (test included) to its nodes, as the API server would."""
 
-    def __init__(self, items: list[dict[str, Any]]) -> None:
+    def __init__(self, items: list[dict[str, Any]], namespaces: dict[str, str] | None = None) -> None:
         self.nodes = {n["metadata"]["name"]: n for n in items}
+        self.namespaces = namespaces or {}
         self.patches: list[tuple[str, list[dict[str, Any]]]] = []
         self.events: list[dict[str, Any]] = []
 
@@ -71,6 +72,9 @@ class FakeKube:
 
     def create_event(self, body: dict[str, Any]) -> None:
         self.events.append(body)
+
+    def namespace_teams(self) -> dict[str, str]:
+        return dict(self.namespaces)
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ on the node; with --dry-run it is logged only.
 
 Metrics on port 9467: `superkube_team_taint_changes_total{action}` (add, change, remove),
 `superkube_team_nodes{team}` (nodes per team after the round), `superkube_team_taints_api_up`,
-`superkube_team_config_ok` (0 while the configuration cannot be read: the agent then changes nothing).
+`superkube_team_config_ok` (0 while the configuration cannot be read: the agent then changes nothing),
+`superkube_namespace_team{namespace, team}` (1 for each namespace labelled with a team: the store joins
+per-namespace figures, such as each pod's network use, to teams with it, so no node reads the fleet's
+namespaces; it follows only the labelled ones, with a watch of their own).
 
 Run: python -m superkube.agents.team_taints --config /etc/superkube/teams/teams.yaml
 """
@@ -122,6 +125,13 @@ class Metrics:
             "1 when the teams configuration could be read and applied.",
             registry=self.registry,
         )
+        self.namespace_team = Gauge(
+            "superkube_namespace_team",
+            "1 for each namespace labelled with a team (superkube.io/team): join per-namespace figures "
+            "to teams with `* on (namespace) group_left (team)`.",
+            ["namespace", "team"],
+            registry=self.registry,
+        )
 
 
 @dataclass
@@ -173,6 +183,9 @@ class Reconciler:
         self.metrics.nodes.clear()
         for team, count in owners.items():
             self.metrics.nodes.labels(team).set(count)
+        self.metrics.namespace_team.clear()
+        for name, team in sorted(self.kube.namespace_teams().items()):
+            self.metrics.namespace_team.labels(name, team).set(1)
         return dict(+done)  # without the nodes whose patch was refused
 
 
@@ -190,16 +203,36 @@ def slim(node: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": kept_meta, "spec": {"taints": spec["taints"]} if "taints" in spec else {}}
 
 
+def slim_namespace(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """What the reconciler keeps of a Namespace: its name and team."""
+    meta = namespace.get("metadata") or {}
+    team = (meta.get("labels") or {}).get(teams.TEAM_KEY, "")
+    return {"metadata": {"name": meta.get("name", ""), "labels": {teams.TEAM_KEY: team}}}
+
+
 class WatchedNodes:
-    """The client, with the node list served by a watch (list once, then changes)."""
+    """The client, with the node list served by a watch (list once, then changes), and the namespaces
+    labelled with a team by another."""
 
     def __init__(self, kube: Any, stop: threading.Event) -> None:
         self.kube, self.stop = kube, stop
         self.watch = Informer(kube.core.list_node, slim=slim)
+        self.namespaces = Informer(
+            kube.core.list_namespace, slim=slim_namespace, label_selector=teams.TEAM_KEY
+        )
 
     def all_nodes(self) -> list[dict[str, Any]]:
         self.watch.ensure(self.stop)
         return list(self.watch.items().values())
+
+    def namespace_teams(self) -> dict[str, str]:
+        """{namespace: team} of the namespaces labelled with a team."""
+        self.namespaces.ensure(self.stop)
+        return {
+            name: ns["metadata"]["labels"][teams.TEAM_KEY]
+            for name, ns in self.namespaces.items().items()
+            if ns["metadata"]["labels"].get(teams.TEAM_KEY)
+        }
 
     def patch_node(self, name: str, body: Any) -> None:
         self.kube.patch_node(name, body)
@@ -233,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(one_round, metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
     finally:
         reconciler.kube.watch.close()
+        reconciler.kube.namespaces.close()
     return 0
 
 

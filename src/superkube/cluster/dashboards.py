@@ -140,6 +140,7 @@ SCRAPED_BY: dict[str, str] = {
     "superkube_join_tokens_": "join-tokens",
     "superkube_serving_certs": "platform-agents",
     "superkube_team_": "platform-agents",  # the team-taints reconciler and the team webhook
+    "superkube_namespace_team": "platform-agents",  # the team-taints reconciler
     "iptables_": "iptables-exporter",
 }
 
@@ -1005,6 +1006,24 @@ def _network() -> Board:
                             "sum by (namespace) (rate(iptables_rule_bytes_total"
                             f'{{{pods}, traffic="internal-in"}}[$__rate_interval])) * 8',
                             "{{namespace}} in",
+                        ),
+                        unit="bps",
+                    ),
+                ),
+            ),
+            Row(
+                "Teams",
+                (
+                    panel(
+                        "Traffic by team",
+                        "Each namespace's traffic joined to the team its label names "
+                        "(superkube_namespace_team, from the team-taints reconciler); namespaces of no "
+                        "team are left out.",
+                        q(
+                            "sum by (team, traffic) (sum by (namespace, traffic) (rate(iptables_rule_bytes_total"
+                            f'{{{C}, namespace!=""}}[$__rate_interval])) * on (namespace) group_left (team) '
+                            f"max by (namespace, team) (superkube_namespace_team{{{C}}})) * 8",
+                            "{{team}} {{traffic}}",
                         ),
                         unit="bps",
                     ),
