@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from superkube.agents import cni_bandwidth, cni_config
+from superkube.agents import cni_accounting, cni_bandwidth, cni_config
 from superkube.cluster import cloudinit
 from superkube.lab import imds
-from superkube.lab.cnirun import CRI_BURST, capabilities
+from superkube.lab.cnirun import CRI_BURST, capabilities, cni_args
 from superkube.model import rates
 
 DOC = imds.document(
@@ -267,6 +267,18 @@ def test_the_cri_burst_is_bounded_and_the_rate_kept() -> None:
         {"runtimeConfig": {"bandwidth": {"egressRate": 10**7, "EgressRate": 1, "egressBurst": CRI_BURST}}}
     )
     assert spelled["runtimeConfig"]["bandwidth"] == {"egressRate": 10**7, "egressBurst": 64 * 1024 * 8}
+
+
+def test_the_lab_runner_names_a_pod_where_the_accounting_reads_the_runtimes_names() -> None:
+    named = cni_accounting.cni_args(cni_args("use-a0", "team-a", "trainer-0"))
+    assert named == {
+        "IgnoreUnknown": "1",
+        "K8S_POD_NAMESPACE": "team-a",
+        "K8S_POD_NAME": "trainer-0",
+        "K8S_POD_INFRA_CONTAINER_ID": "use-a0",
+    }
+    plain = cni_accounting.cni_args(cni_args("acct-a"))  # no name given: the sandbox's, in `lab`
+    assert (plain["K8S_POD_NAMESPACE"], plain["K8S_POD_NAME"]) == ("lab", "acct-a")
 
 
 def test_the_pool_default_applies_only_where_the_pod_asks_for_nothing() -> None:

@@ -6,13 +6,16 @@ a network namespace per pod; ADD runs each plugin of the conflist in order with 
 CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME, CNI_PATH and CNI_ARGS, the plugin's config on stdin with
 `name`, `cniVersion`, the previous plugin's result as `prevResult` and `runtimeConfig` holding the
 capabilities the plugin declares; the result is cached (/var/lib/cni/results, libcni's place and
-shape) for DEL, which runs the plugins in reverse with the cached result. A failed ADD is torn down
+shape) for DEL, which runs the plugins in reverse with the cached result and the same CNI_ARGS.
+CNI_ARGS name the pod as the kubelet's runtime does (K8S_POD_NAMESPACE, K8S_POD_NAME): namespace
+`lab` and the pod's own name unless --namespace and --name say otherwise. A failed ADD is torn down
 with DEL, as the CRI plugin does. The `kubernetes.io/egress-bandwidth` annotation becomes the
 `bandwidth` capability as the CRI plugin writes it: the rate in bits/s and a burst of 2**32 - 1.
 
 Standard library only: it is copied to lab hosts (beside superkube/model/rates.py) and run there as root.
 
     cnirun.py add POD [--egress 10M] [--port 8080:80] [--conflist F]   -> the result JSON
+    cnirun.py add POD --namespace NS --name NAME                       -> a pod named NS/NAME
     cnirun.py del POD [--conflist F]
     cnirun.py cycles N [--egress 10M] [--port 8080:80] [--alternate]     -> {"cycles": N, "seconds": ...}
     cnirun.py bench N [--conflist F]                                   -> ADD latencies (namespace included)
@@ -38,6 +41,7 @@ CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
 CACHE = Path("/var/lib/cni/results")
 CRI_BURST = 2**32 - 1  # the burst the CRI plugin pairs with an annotation's rate
 IFNAME = "eth0"
+NAMESPACE = "lab"  # the Kubernetes namespace a pod is in unless --namespace names another
 
 
 class CNIError(Exception):
@@ -109,13 +113,22 @@ def _exec(command: str, plugin: dict[str, Any], stdin: bytes, env: dict[str, str
     return json.loads(proc.stdout) if proc.stdout.strip() else None
 
 
-def _env(pod: str, netns: str, path: str) -> dict[str, str]:
+def cni_args(pod: str, namespace: str = NAMESPACE, name: str | None = None) -> str:
+    """CNI_ARGS as the kubelet's runtime passes them for the pod `namespace`/`name` (default: the
+    sandbox's own name) whose sandbox is `pod`."""
+    return (
+        f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name or pod};"
+        f"K8S_POD_INFRA_CONTAINER_ID={pod}"
+    )
+
+
+def _env(pod: str, netns: str, path: str, args: str) -> dict[str, str]:
     return {
         "CNI_CONTAINERID": pod,
         "CNI_NETNS": netns,
         "CNI_IFNAME": IFNAME,
         "CNI_PATH": path,
-        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=lab;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={pod}",
+        "CNI_ARGS": args,
     }
 
 
@@ -123,14 +136,18 @@ def _cache_file(network: str, pod: str) -> Path:
     return CACHE / f"{network}-{pod}-{IFNAME}"
 
 
-def add(pod: str, conflist: str = CONFLIST, caps: dict[str, Any] | None = None) -> Any:
-    """Create the pod's namespace and run the chain's ADD; on failure, tear down and raise."""
+def add(
+    pod: str, conflist: str = CONFLIST, caps: dict[str, Any] | None = None, args: str | None = None
+) -> Any:
+    """Create the pod's namespace and run the chain's ADD with CNI_ARGS `args` (default: the pod
+    named `pod` in namespace `lab`); on failure, tear down and raise."""
     network = json.loads(Path(conflist).read_text())
     caps = caps or {}
+    args = cni_args(pod) if args is None else args
     netns = f"/run/netns/{pod}"
     subprocess.run(["ip", "netns", "add", pod], check=True, capture_output=True)
     subprocess.run(["ip", "-n", pod, "link", "set", "lo", "up"], check=True, capture_output=True)
-    env = _env(pod, netns, cni_path(conflist))
+    env = _env(pod, netns, cni_path(conflist), args)
     prev: Any = None
     try:
         for plugin in network["plugins"]:
@@ -146,6 +163,7 @@ def add(pod: str, conflist: str = CONFLIST, caps: dict[str, Any] | None = None) 
                 "containerId": pod,
                 "ifName": IFNAME,
                 "networkName": network["name"],
+                "cniArgs": [p.split("=", 1) for p in args.split(";") if "=" in p],
                 "capabilityArgs": caps,
                 "result": prev,
             }
@@ -173,10 +191,11 @@ def delete(pod: str, conflist: str = CONFLIST) -> None:
     network = json.loads(Path(conflist).read_text())
     cached = _cache_file(network["name"], pod)
     entry = json.loads(cached.read_text()) if cached.exists() else {}
+    args = ";".join("=".join(p) for p in entry["cniArgs"]) if entry.get("cniArgs") else cni_args(pod)
     errors = _teardown(
         network,
         pod,
-        _env(pod, f"/run/netns/{pod}", cni_path(conflist)),
+        _env(pod, f"/run/netns/{pod}", cni_path(conflist), args),
         entry.get("result"),
         entry.get("capabilityArgs") or {},
     )
@@ -192,11 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--egress", help="the pod's kubernetes.io/egress-bandwidth annotation")
     parser.add_argument("--port", action="append", default=[], help="HOST:CONTAINER port mapping")
     parser.add_argument("--alternate", action="store_true", help="cycles: capabilities on every other pod")
+    parser.add_argument("--namespace", default=NAMESPACE, help="add: the pod's Kubernetes namespace")
+    parser.add_argument("--name", help="add: the pod's Kubernetes name (default: POD)")
     args = parser.parse_args(argv)
     caps = capabilities(args.egress, args.port)
     try:
         if args.command == "add":
-            print(json.dumps(add(args.arg, args.conflist, caps)))
+            print(
+                json.dumps(add(args.arg, args.conflist, caps, cni_args(args.arg, args.namespace, args.name)))
+            )
         elif args.command == "del":
             delete(args.arg, args.conflist)
         elif args.command == "cycles":
