@@ -181,6 +181,18 @@ def sh(fleet: Lab, host: str, command: str, timeout: float = 60) -> str:
     return proc.stdout
 
 
+SRC = Path(__file__).resolve().parents[2] / "src" / "superkube"
+CNIRUN = "cd /root/cni && python3 cnirun.py"
+"""The lab's CNI runner on a node (superkube/lab/cnirun.py): pods as network namespaces, no kubelet."""
+
+
+def put_cnirun(fleet_: Lab, hosts: tuple[str, ...]) -> None:
+    """Copy the CNI runner (and the rate parser beside it) to each of `hosts`, where CNIRUN runs it."""
+    for host in hosts:
+        for name in ("lab/cnirun.py", "model/rates.py"):
+            machines.put(fleet_, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
+
+
 def counters(fleet_: Lab, host: str) -> dict[str, float]:
     text = sh(fleet_, host, f"curl -s -m 5 http://127.0.0.1:{IPTABLES_EXPORTER_PORT}/metrics")
     out = {}

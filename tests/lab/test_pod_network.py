@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,21 +24,17 @@ from superkube.lab import hosts as lab
 from superkube.lab import machines
 from superkube.lab.state import Lab
 from superkube.model import rates
-from tests.lab.conftest import Labs, counters, deliver, sh
+from tests.lab.conftest import CNIRUN, Labs, counters, deliver, put_cnirun, sh
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "superkube"
 CONFLIST = "/etc/cni/net.d/10-superkube.conflist"
 ALLOCATIONS = "/run/superkube/cni/networks/superkube"
-CNIRUN = "cd /root/cni && python3 cnirun.py"
 NODES = ("gpu-1", "gpu-2")
 
 
 @pytest.fixture(scope="module")
 def net(labs: Labs, pod_network: Lab) -> Lab:
     labs.converge(pod_network, tags="node_software,iptables_accounting,iptables_exporter")
-    for host in NODES:
-        for name in ("lab/cnirun.py", "model/rates.py"):
-            machines.put(pod_network, host, f"/root/cni/{Path(name).name}", (SRC / name).read_text())
+    put_cnirun(pod_network, NODES)
     sh(pod_network, "internet", "iperf3 -s -D -p 5201 && iperf3 -s -D -p 5202")
     return pod_network
 
