@@ -2,13 +2,23 @@
 
 The monitoring role on the lab's monitoring host runs two Prometheus shards and the store, scraping
 the two GPU nodes' node-exporter and iptables exporter through the drop rules of
-superkube.cluster.monitoring. Queries go to the shards and the store over HTTP from the monitoring host.
+superkube.cluster.monitoring. Queries go to the shards and the store over HTTP from the monitoring host,
+and through `superkube usage`, the command a researcher runs, for each pod's and namespace's traffic
+(pods made on the nodes by the lab's CNI runner, superkube/lab/cnirun.py, through the node's chain).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -17,8 +27,9 @@ import yaml
 
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
+from superkube.fleet.usage import TRAFFIC
 from superkube.lab.state import Lab
-from tests.lab.conftest import Labs, counters, deliver, sh
+from tests.lab.conftest import CNIRUN, Labs, counters, deliver, put_cnirun, sh
 
 ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
 HOST = "monitoring-1"
@@ -117,6 +128,189 @@ def test_the_accounting_counter_in_the_store_grows_by_the_bytes_sent(mon: Lab) -
         ) from None
     # and no more than was sent, with its TCP/IP headers
     assert value() <= before + size * 1.05 + 2**16, (before, size, value())
+
+
+# Pods in two namespaces, as the runtime names them: sandbox -> (node, namespace, pod)
+PODS = {
+    "use-a0": ("gpu-1", "team-a", "trainer-0"),
+    "use-a1": ("gpu-2", "team-a", "trainer-1"),
+    "use-b0": ("gpu-2", "team-b", "loader-0"),
+}
+# Who sends to whom: (client sandbox, server sandbox or "internet", datagrams, payload bytes). Each
+# kind of traffic of every pod is non-zero: internet both ways, across nodes and within one node.
+FLOWS = (
+    ("use-a0", "internet", 1500, 1200),
+    ("use-a1", "internet", 1000, 1000),
+    ("use-b0", "internet", 600, 1400),
+    ("use-a0", "use-b0", 1000, 900),  # gpu-1 to gpu-2, team-a to team-b
+    ("use-b0", "use-a1", 800, 1100),  # within gpu-2, team-b to team-a
+)
+IP_UDP = 28  # an IPv4 header without options and a UDP header: what iptables counts beyond the payload
+# Request and answer over UDP, one datagram in flight, so no queue between the pods overflows and every
+# datagram is counted where it was sent and where it arrived. Each side tallies the IP bytes it sent and
+# received (payload + IP_UDP); a datagram sent again after a timeout is tallied again, as it is counted.
+_SERVER = """import json, socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", {port}))
+s.settimeout(20)
+tally = {{"sent": 0, "received": 0}}
+try:
+    while True:
+        data, peer = s.recvfrom(65536)
+        tally["received"] += len(data) + {ip_udp}
+        s.sendto(data[:4], peer)
+        tally["sent"] += 4 + {ip_udp}
+        if int.from_bytes(data[:4], "big") == {count} - 1:
+            break
+except TimeoutError:
+    pass
+print(json.dumps(tally), flush=True)"""
+_CLIENT = """import json, socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("{ip}", {port}))
+s.settimeout(0.5)
+tally = {{"sent": 0, "received": 0}}
+for seq in range({count}):
+    data = seq.to_bytes(4, "big") + bytes({size} - 4)
+    for _ in range(20):
+        s.send(data)
+        tally["sent"] += len(data) + {ip_udp}
+        try:
+            while (answer := s.recv(64)) != data[:4]:
+                tally["received"] += len(answer) + {ip_udp}
+            tally["received"] += len(answer) + {ip_udp}
+            break
+        except TimeoutError:
+            continue
+    else:
+        raise SystemExit(f"no answer to datagram {{seq}}")
+print(json.dumps(tally))"""
+
+
+def exchange(
+    fleet_: Lab, client: str, server: str, count: int, size: int, port: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """`count` datagrams of `size` bytes from pod `client` to `server` (a pod, or the internet host) and
+    an answer of 4 bytes to each: what each side tallied, {"sent": IP bytes, "received": IP bytes}."""
+    host, into = (server, "") if server == "internet" else (PODS[server][0], f"ip netns exec {server} ")
+    ip = fleet_.host("internet").address if server == "internet" else pod_address(fleet_, server)
+    serve = shlex.quote(_SERVER.format(port=port, count=count, ip_udp=IP_UDP))
+    sh(
+        fleet_,
+        host,
+        f"rm -f /root/udp-{port}; (timeout 120 {into}python3 -c {serve} > /root/udp-{port} 2>&1 &)",
+    )
+    wait_for(lambda: f":{port} " in sh(fleet_, host, f"{into}ss -lunH"), timeout=10, what="the server's port")
+    send = shlex.quote(_CLIENT.format(ip=ip, port=port, count=count, size=size, ip_udp=IP_UDP))
+    sent = json.loads(sh(fleet_, PODS[client][0], f"ip netns exec {client} python3 -c {send}", timeout=120))
+    answered = wait_for(
+        lambda: sh(fleet_, host, f"cat /root/udp-{port}").strip(), timeout=30, what="the tally"
+    )
+    return sent, json.loads(answered)
+
+
+def pod_address(fleet_: Lab, sandbox: str) -> str:
+    node = PODS[sandbox][0]
+    return sh(fleet_, node, f"ip -n {sandbox} -4 -o addr show dev eth0").split()[3].split("/")[0]
+
+
+def pod_counters(fleet_: Lab, host: str) -> dict[tuple[str, str, str], float]:
+    """The node exporter's per-pod byte counters: {(namespace, pod, traffic): bytes}."""
+    text = sh(fleet_, host, f"curl -sf -m 5 http://127.0.0.1:{IPTABLES}/metrics")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("iptables_rule_bytes_total{") and 'pod="' in line:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            out[labels["namespace"], labels["pod"], labels["traffic"]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def usage(*args: str) -> dict[str, Any]:
+    """`superkube usage -o json` as a researcher runs it beside the running lab: no --store, so it finds
+    the lab's store through the fleet's current inventory and reaches it through its ProxyCommand."""
+    env = {k: v for k, v in os.environ.items() if k != runner.INVENTORY_ENV}
+    command = [str(Path(sys.executable).with_name("superkube")), "usage", "-o", "json", "--top", "100", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def since(start: float) -> str:
+    """A window of whole seconds back to `start`: the test's own traffic, none of an earlier run's."""
+    return f"{math.ceil(time.time() - start) + 1}s"
+
+
+def close(counted: float, sent: float) -> bool:
+    """Within 2 % of what was sent (the tallies are exact IP bytes; the slack is for a stray packet)."""
+    return abs(counted - sent) <= 0.02 * sent
+
+
+def test_each_pods_and_namespaces_bytes_are_what_they_sent_and_received(mon: Lab) -> None:
+    """Pods in two namespaces trade datagrams with the internet host and with each other; the nodes'
+    per-pod counters and `superkube usage` (from the store) show each pod's and each namespace's IP
+    bytes; a pod's DEL takes its series off its node's exporter, and out of the store's answers."""
+    put_cnirun(mon, NODES)
+    names = {pod for _, _, pod in PODS.values()}
+    added = time.time()
+    try:
+        for sandbox, (node, namespace, pod) in PODS.items():
+            sh(mon, node, f"{CNIRUN} add {sandbox} --namespace {namespace} --name {pod}")
+        # the store holds each new series at 0 before a byte moves: the first sample a window's
+        # increase() starts from (a series first seen already large would be counted from there)
+        series = f'iptables_rule_bytes_total{{namespace=~"team-a|team-b", instance=~".*:{IPTABLES}"}}'
+        wait_for(
+            lambda: len(query(mon, STORE, series)) == 4 * len(PODS), what="the pods' series in the store"
+        )
+
+        expected: Counter[tuple[str, str, str]] = Counter()  # (namespace, pod, traffic) -> IP bytes
+        for n, (client, server, count, size) in enumerate(FLOWS):
+            sent, answered = exchange(mon, client, server, count, size, port=7200 + n)
+            kind = "internet" if server == "internet" else "internal"
+            _, namespace, pod = PODS[client]
+            expected[namespace, pod, f"{kind}-out"] += sent["sent"]
+            expected[namespace, pod, f"{kind}-in"] += sent["received"]
+            if server != "internet":
+                _, namespace, pod = PODS[server]
+                expected[namespace, pod, "internal-in"] += answered["received"]
+                expected[namespace, pod, "internal-out"] += answered["sent"]
+
+        # at the nodes: each pod's four counters, labelled with its namespace and name
+        at_nodes: dict[tuple[str, str, str], float] = {}
+        for node in NODES:
+            at_nodes |= {k: v for k, v in pod_counters(mon, node).items() if k[1] in names}
+        assert set(at_nodes) == set(expected), sorted(set(at_nodes) ^ set(expected))
+        off = {k: (at_nodes[k], sent) for k, sent in expected.items() if not close(at_nodes[k], sent)}
+        assert not off, f"counted vs sent: {off}"
+
+        # in the store, as the command shows it: each pod, and each namespace (its pods summed), once
+        # the samples scraped after the last datagram have reached the store
+        for by in ("pod", "namespace"):
+            want: Counter[tuple[str, str, str]] = Counter()
+            for (namespace, pod, traffic), sent in expected.items():
+                want[namespace, pod if by == "pod" else "", traffic] += sent
+            deadline = time.monotonic() + 60
+            while True:
+                shown = {
+                    (row["namespace"], row.get("pod", ""), traffic): float(row[traffic.replace("-", "_")])
+                    for row in usage("--by", by, "--window", since(added))["rows"]
+                    if row["namespace"] in ("team-a", "team-b")
+                    for traffic in TRAFFIC
+                }
+                arrived = shown.keys() == want.keys() and all(shown[k] >= 0.98 * want[k] for k in want)
+                if arrived or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+            off = {k: (shown.get(k), sent) for k, sent in want.items() if not close(shown.get(k, 0), sent)}
+            assert shown.keys() == want.keys() and not off, f"usage --by {by}: shown vs sent: {off}"
+    finally:
+        for sandbox, (node, _, _) in PODS.items():
+            sh(mon, node, f"{CNIRUN} del {sandbox}")
+    # a deleted pod's series are gone from its node's exporter, and the node's own stay; the shards
+    # mark them stale, and the store stops answering for them
+    for node in NODES:
+        assert not [k for k in pod_counters(mon, node) if k[1] in names]
+        assert counters(mon, node)["internet-out"] > 0
+    wait_for(lambda: query(mon, STORE, series) == [], timeout=30, what="the pods' series to go stale")
 
 
 def test_a_dropped_series_is_gone_and_its_siblings_stay(mon: Lab) -> None:
