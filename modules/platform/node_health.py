@@ -211,7 +211,10 @@ class Fence:
     label: str | None = None
     """a label it may add (with the value RESET_REQUESTED) or remove, and no other"""
     uncordon_if: str = ""
-    """CEL over oldObject under which it may uncordon (a cordoner only)"""
+    """CEL over oldObject under which it may uncordon (a cordoner only); its own annotations may then
+    go in the same request"""
+    extra: tuple[tuple[str, str], ...] = ()
+    """further rules: (CEL over oldObject and object, what it may not do)"""
 
 
 def _note(key: str) -> str:
@@ -233,6 +236,40 @@ def _reset_since_cordon(outcome: str) -> str:
 RESET_CLEARED = _reset_since_cordon("cleared")
 RESET_FAILED = _reset_since_cordon("failed")
 REPORTED_FATAL = f"{_note(health.VERDICT)}.startsWith('fatal')"
+CORDONED = "(has(object.spec.unschedulable) && object.spec.unschedulable)"
+WAS_CORDONED = "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)"
+
+
+def _labelled(obj: str) -> str:
+    """CEL: `obj` (object, oldObject) carries the reset label with the value that asks for a reset."""
+    labels = f"{obj}.metadata.labels"
+    key = health.GPU_RESET_LABEL
+    return f"(has({labels}) && '{key}' in {labels} && {labels}['{key}'] == '{health.RESET_REQUESTED}')"
+
+
+def _new_note(key: str) -> str:
+    notes = "object.metadata.annotations"
+    return f"((has({notes}) && '{key}' in {notes}) ? {notes}['{key}'] : '')"
+
+
+DRAINED_SINCE_CORDON = (
+    f"({_note(health.DRAINED_AT)} != '' && {_note(health.DRAINED_AT)} >= {_note(health.CORDONED_AT)})"
+)
+CONTROLLER_RULES_EXTRA = (
+    (
+        # the cordon's time is what a reset's outcome is measured against: set only by the cordon
+        f"{_new_note(health.CORDONED_AT)} == {_note(health.CORDONED_AT)} || "
+        f"(!{WAS_CORDONED} && {CORDONED}) || ({WAS_CORDONED} && !{CORDONED})",
+        "may set the cordon's time only in the request that cordons",
+    ),
+    (
+        # a reset is asked for once per cordon: of a node it cordoned and drained, reported fatal,
+        # whose reset has not ended since the cordon
+        f"!(!{_labelled('oldObject')} && {_labelled('object')}) || ({WAS_CORDONED} && {CORDONED} && "
+        f"{REPORTED_FATAL} && {DRAINED_SINCE_CORDON} && !{RESET_CLEARED} && !{RESET_FAILED})",
+        "may label for a reset only a cordoned, drained node reported fatal whose reset has not ended since",
+    ),
+)
 
 
 FENCES: dict[Fenced, Fence] = {
@@ -273,8 +310,10 @@ FENCES: dict[Fenced, Fence] = {
             "has ended",
         ),
         label=health.GPU_RESET_LABEL,
-        # a reset cleared the GPUs since the cordon and the agent no longer reports the node fatal
-        uncordon_if=f"{RESET_CLEARED} && !{REPORTED_FATAL}",
+        # the reset it asked for (the label is still there) cleared the GPUs since the cordon, and the
+        # agent no longer reports the node fatal
+        uncordon_if=f"{_labelled('oldObject')} && {RESET_CLEARED} && !{REPORTED_FATAL}",
+        extra=CONTROLLER_RULES_EXTRA,
     ),
     "gpu-reset": Fence(
         GPU_RESET_FENCE,
@@ -316,10 +355,9 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
         may_set_label = f"(k == '{f.label}' && {labels}[k] == '{health.RESET_REQUESTED}') || "
         label_rule = f"may only set the {f.label} label to {health.RESET_REQUESTED} or remove it"
     own = " || ".join(f"k == '{a}'" for a in f.annotations)
-    cordoned, was_cordoned = (
-        "(has(object.spec.unschedulable) && object.spec.unschedulable)",
-        "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)",
-    )
+    cordoned, was_cordoned = CORDONED, WAS_CORDONED
+    # its own annotations may go only with the uncordon it may make
+    may_drop_note = f"(({own}) && {was_cordoned} && !{cordoned}) || " if f.uncordon_if else ""
     own_node = {
         "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
         "request.userInfo.extra['authentication.kubernetes.io/node-name'] == [object.metadata.name]",
@@ -341,7 +379,7 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
         },
         {
             "expression": f"{notes}.all(k, {own} || (k in {old_notes} && {old_notes}[k] == {notes}[k])) "
-            f"&& {old_notes}.all(k, k in {notes})",
+            f"&& {old_notes}.all(k, {may_drop_note}k in {notes})",
             "message": f"{who} may only set the {' and '.join(f.annotations)} annotation"
             + ("s" if len(f.annotations) > 1 else ""),
         },
@@ -366,6 +404,7 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             if f.may_cordon
             else f"{who} may not cordon or uncordon",
         },
+        *({"expression": expression, "message": f"{who} {why}"} for expression, why in f.extra),
     ]
     # a denial is 403 Forbidden, as RBAC's would be (a validation's default reason, Invalid, answers 422)
     return [{**rule, "reason": "Forbidden"} for rule in rules]

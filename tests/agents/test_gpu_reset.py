@@ -260,6 +260,57 @@ def test_the_loop_cordons_drains_resets_forgives_and_uncordons(
     assert agent.round() == "healthy"  # Xid 48 is still the exporter's last on GPU 1: forgiven
     rounds(lambda: not plain(api, name)["spec"].get("unschedulable"))
     assert health.GPU_RESET_LABEL not in (plain(api, name)["metadata"].get("labels") or {})
+    notes = plain(api, name)["metadata"]["annotations"]  # the cordon's marks went with it
+    assert not {health.CORDONED, health.CORDONED_AT, health.DRAINED_AT} & set(notes), notes
     # a different Xid on that GPU after the reset is not forgiven
     last[1] = 79
     assert agent.round().startswith("fatal: GPU 1: Xid 79")
+
+
+def test_an_xid_a_reset_does_not_clear_fails_the_reset_rather_than_be_forgiven(
+    api: LocalApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dcgm: tuple[str, dict[int, int]]
+) -> None:
+    url, last = dcgm
+    last.update({1: 48, 3: 74})  # NVLink's Xid came after the node was labelled
+    gpus = Node(tmp_path, monkeypatch, dbe={1: 2})
+    name = cordoned_node(api)
+    reset_of(api, name, gpus, url).round()
+    value = annotation(api, name)
+    assert value.startswith("failed ") and "Xid 74 on GPU 3: not a fault a reset clears" in value, value
+    assert gpus.resets == 0
+
+
+def test_the_controller_asks_once_per_cordon_and_may_not_move_the_cordons_time(
+    layer_fences: LocalApi,
+) -> None:
+    """What admission holds the controller to, beyond its code: the cordon's time is set by the cordon
+    alone (a reset's outcome is measured against it); the label only on a cordoned, drained node
+    reported fatal whose reset has not ended since; an uncordon only after the reset it asked for."""
+    api = layer_fences
+    pool = unique("asks")
+    name, other = f"{pool}-a", f"{pool}-b"
+    for n in (name, other):
+        make_node(api, n, {"superkube.io/pool": pool})
+    value = "fatal: GPU 1: Xid 48: double-bit ECC error" + health.RESET_HINT
+    admin(api).patch_node(name, nh.report_patch(value, kubeapi.now()))
+    ctl = as_kube(api, hc.COMPONENT, other)
+    ctl.patch_node(name, nh.cordon_patch(value, kubeapi.now()))  # the cordon sets its time: admitted
+    label = {"metadata": {"labels": {health.GPU_RESET_LABEL: health.RESET_REQUESTED}}}
+    assert "may label for a reset only a cordoned, drained node" in refused(
+        lambda: ctl.patch_node(name, label)
+    )
+    backdate = {"metadata": {"annotations": {health.CORDONED_AT: "2000-01-01T00:00:00Z"}}}
+    assert "may set the cordon's time only in the request that cordons" in refused(
+        lambda: ctl.patch_node(name, backdate)
+    )
+    # an outcome since this cordon (here written by the admin) means the reset was had: no second one
+    outcome = {"metadata": {"annotations": {health.GPU_RESET: f"cleared {kubeapi.stamp(kubeapi.now())}"}}}
+    admin(api).patch_node(name, outcome)
+    ctl.patch_node(name, {"metadata": {"annotations": {nh.DRAINED_AT: kubeapi.stamp(kubeapi.now())}}})
+    assert "may label for a reset only" in refused(lambda: ctl.patch_node(name, label))
+    # cleared since the cordon and no longer fatal, but not the reset it asked for (no label)
+    admin(api).patch_node(name, nh.report_patch("healthy", kubeapi.now()))
+    uncordon = {"spec": {"unschedulable": False}}
+    assert "uncordon only a node whose GPU reset cleared it" in refused(
+        lambda: ctl.patch_node(name, uncordon)
+    )

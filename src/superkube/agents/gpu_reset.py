@@ -93,9 +93,10 @@ def busy(nvml: Any) -> list[str]:
         nvml.nvmlShutdown()
 
 
-def last_xids(dcgm_url: str) -> dict[int, int]:
+def last_xids(dcgm_url: str, clears: frozenset[int]) -> dict[int, int]:
     """{GPU index: the last Xid dcgm-exporter reports} for the GPUs that reported one; {} without an
-    exporter or when it cannot be read (nothing is then forgiven)."""
+    exporter or when it cannot be read (nothing is then forgiven). An Xid a reset does not clear (one
+    that came after the node was labelled, say) fails the reset rather than be forgiven."""
     if not dcgm_url:
         return {}
     try:
@@ -103,7 +104,11 @@ def last_xids(dcgm_url: str) -> dict[int, int]:
     except (OSError, gpu_probe.ReadingError) as exc:
         log.warning("dcgm-exporter not read (%s): no Xid will be forgiven", exc)
         return {}
-    return {i: int(got[gpu_probe.DCGM_XID]) for i, got in samples.items() if got.get(gpu_probe.DCGM_XID)}
+    last = {i: int(got[gpu_probe.DCGM_XID]) for i, got in samples.items() if got.get(gpu_probe.DCGM_XID)}
+    kept = [f"Xid {xid} on GPU {i}" for i, xid in sorted(last.items()) if xid not in clears]
+    if kept:
+        raise ResetFailed(f"{', '.join(kept)}: not a fault a reset clears (gpu_health.yaml reset_clears)")
+    return last
 
 
 def due(node: Mapping[str, Any]) -> bool:
@@ -128,6 +133,8 @@ class Reset:
     dcgm_url: str = ""
     nvidia_smi: str = "nvidia-smi"
     metrics: Metrics = field(default_factory=Metrics)
+    clears: frozenset[int] = field(default_factory=lambda: frozenset(gpu_probe.thresholds().reset_clears.xid))
+    """the Xids a reset clears (the thresholds' reset_clears)"""
 
     def reset(self) -> str:
         """Reset the node's GPUs once; the outcome annotation's value. Raises ResetFailed."""
@@ -137,7 +144,7 @@ class Reset:
             raise ResetFailed(f"NVML could not list the GPUs' processes: {exc}") from None
         if in_use:
             raise ResetFailed(f"GPUs still in use, not reset: {', '.join(in_use)}"[:200])
-        forgiven = last_xids(self.dcgm_url)
+        forgiven = last_xids(self.dcgm_url, self.clears)
         try:
             done = subprocess.run(
                 [self.nvidia_smi, "--gpu-reset"], capture_output=True, text=True, timeout=RESET_TIMEOUT_S
@@ -213,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     def reprobe() -> gpu_probe.Verdict:
         return gpu_probe.verdict(gpu_probe.read_nvml(args.node, args.vm_size, args.expected_gpus), limits)
 
-    reset = Reset(args.node, kube, reprobe, pynvml, args.dcgm_url, args.nvidia_smi, metrics)
+    clears = frozenset(limits.reset_clears.xid)
+    reset = Reset(args.node, kube, reprobe, pynvml, args.dcgm_url, args.nvidia_smi, metrics, clears)
     serve(reset.round, metrics.api_up, log, args.interval, args.max_backoff, args.rounds)
     return 0
 

@@ -230,11 +230,18 @@ class Controller:
                     self._do("reset_unlabel", f"unlabel {name}: its GPU reset failed",
                              lambda: self.kube.patch_node(name, unlabel))  # fmt: skip
                 return False  # drained, and given up: remediation's
+            if not labelled:
+                return False  # not the reset this controller asked for: nothing to uncordon for
             if value.startswith("fatal") or notes.get(VERDICT_AT, "") < at:
                 return True  # cleared: waiting for its agent's verdict on the reset GPUs
+            # back in service: the cordon's marks go with the cordon, so that a later cordon by a
+            # person is not taken for health's (admission lets them go only with this uncordon)
             body: dict[str, Any] = {
                 "spec": {"unschedulable": False},
-                "metadata": {"labels": {health.GPU_RESET_LABEL: None}},
+                "metadata": {
+                    "labels": {health.GPU_RESET_LABEL: None},
+                    "annotations": {ANNOTATION: None, ANNOTATION_AT: None, DRAINED_AT: None},
+                },
             }
             self._do("uncordon", f"uncordon {name}: a GPU reset cleared it ({value})",
                      lambda: self.kube.patch_node(name, body))  # fmt: skip
