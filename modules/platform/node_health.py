@@ -57,13 +57,14 @@ from superkube.cluster.kube import (
     KERNEL_LOG_DIR,
     KUBELET_HEALTHZ_PORT,
     NODE_AGENTS_METRICS_PORT,
+    NODE_HEALTH_COMPONENT,
     PREFLIGHT_METRICS_PORT,
 )
 from superkube.model.spec import PREFLIGHT_RESULT_ANNOTATION, PREFLIGHT_TAINT_KEY
 from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.vmsizes import GPU_RESOURCE, VmSize
 
-COMPONENT = "node-health"
+COMPONENT = NODE_HEALTH_COMPONENT
 HEALTH = "superkube-node-health"
 PREFLIGHT = "superkube-preflight"
 THRESHOLDS_NAME = "superkube-gpu-health"

@@ -18,9 +18,14 @@ from modules.platform.foundation import CLUSTER_CRITICAL, NAMESPACE
 from modules.platform.objects import Manifest
 from superkube.agents import AGENTS_IMAGE
 from superkube.cluster.kube import KUBELET_SERVING_SIGNER as SIGNER
-from superkube.cluster.kube import SERVING_CERTS_METRICS_PORT, SERVING_CERTS_MODULE, SERVING_CERTS_NAME
+from superkube.cluster.kube import (
+    SERVING_CERTS_COMPONENT,
+    SERVING_CERTS_METRICS_PORT,
+    SERVING_CERTS_MODULE,
+    SERVING_CERTS_NAME,
+)
 
-COMPONENT = "serving-certs"
+COMPONENT = SERVING_CERTS_COMPONENT
 NAME = SERVING_CERTS_NAME
 
 

@@ -37,6 +37,7 @@ from modules.platform.objects import Manifest
 from superkube.agents import AGENTS_IMAGE
 from superkube.cluster.kube import (
     NAMESPACE_NAME_LABEL,
+    TEAM_CAPACITY_COMPONENT,
     TEAM_TAINTS_METRICS_PORT,
     TEAM_WEBHOOK_METRICS_PORT,
     TEAM_WEBHOOK_PORT,
@@ -44,7 +45,7 @@ from superkube.cluster.kube import (
 )
 from superkube.model import teams
 
-COMPONENT = "team-capacity"
+COMPONENT = TEAM_CAPACITY_COMPONENT
 CONFIG = "superkube-teams"
 RECONCILER = "superkube-team-taints"
 WEBHOOK = TEAM_WEBHOOK_SERVICE

@@ -41,6 +41,12 @@ KERNEL_LOG_DIR = "/var/log/superkube-kernel"  # the nodes' kernel messages alone
 KERNEL_LOG = "kernel.log"
 IPTABLES_EXPORTER_PORT = 9455
 # superkube's node agents (health, preflight) serve /metrics here on the host network
+NODE_HEALTH_COMPONENT = "node-health"
+"""The layer's component label of the node agents (health, preflight, the GPU reset, the controller):
+Prometheus's node-agents job finds their pods by it."""
+SERVING_CERTS_COMPONENT = "serving-certs"
+TEAM_CAPACITY_COMPONENT = "team-capacity"
+"""The components of the approver and of the team webhook and reconciler: the platform-agents job's."""
 NODE_AGENTS_METRICS_PORT = 9465
 # the cluster CA and a metrics token on each Prometheus host (discovery and the https jobs)
 PROMETHEUS_PKI_DIR = "/etc/prometheus/pki"

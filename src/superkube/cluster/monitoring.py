@@ -41,9 +41,12 @@ from superkube.cluster.kube import (
     NAT_HOST,
     NODE_AGENTS_METRICS_PORT,
     NODE_EXPORTER_PORT,
+    NODE_HEALTH_COMPONENT,
     PROMETHEUS_PKI_DIR,
     SCALE_GOVERNOR_METRICS_PORT,
+    SERVING_CERTS_COMPONENT,
     SYSTEM_NAMESPACE,
+    TEAM_CAPACITY_COMPONENT,
     apiserver_url,
     metrics_store_write_urls,
 )
@@ -170,7 +173,7 @@ def jobs() -> tuple[Job, ...]:
             "node-agents",
             NODE_AGENTS_METRICS_PORT,
             nodes,
-            pods_of="node-health",
+            pods_of=NODE_HEALTH_COMPONENT,
             reviewed="superkube's preflight and health agents export a few series per node, each bounded "
             "by its result, reason and action labels; nothing to drop",
         ),
@@ -189,7 +192,7 @@ def jobs() -> tuple[Job, ...]:
         ),
         Job(
             "platform-agents",
-            pods_of="serving-certs|team-capacity",  # the components' app.kubernetes.io/component
+            pods_of=f"{SERVING_CERTS_COMPONENT}|{TEAM_CAPACITY_COMPONENT}",  # app.kubernetes.io/component
             reviewed="the serving-certificate approver, the team-taints reconciler and the team webhook: a "
             "few replicas, their series bounded by decision, reason and code labels; nothing to drop",
         ),
