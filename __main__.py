@@ -1,12 +1,15 @@
 """superkube: one GPU Kubernetes cluster on Azure per stack (`pulumi up -s <cluster>`).
 
-Thin on purpose: validate the stack's config once, plan its addresses, build the Cluster component.
+Thin on purpose: validate the stack's config once, plan its addresses, build the Cluster component
+(or, with superkube:layer_only, the in-cluster layer alone against an existing cluster's kubeconfig).
 `superkube plan` runs this same file under Pulumi's mock engine.
 """
 
 import pulumi
 
 from modules.cluster import Cluster, ClusterArgs
+from modules.platform.layer import InClusterLayer, InClusterLayerArgs
+from superkube.cluster.kube import APISERVER_PORT
 from superkube.model import vmsizes
 from superkube.model.ipam import plan_addresses
 from superkube.model.spec import CONFIG_KEYS, KUBECONFIG_KEY, NAMESPACE, SpecError, from_config
@@ -41,8 +44,25 @@ if spec.in_cluster_layer and spec.teams and webhook_tls is None:
         f"after superkube converge run pulumi config set --secret {WEBHOOK_TLS_KEY} -s {pulumi.get_stack()} "
         "< <inventory dir>/pki/team-webhook.pem"
     )
-cluster = Cluster(
-    plan.cluster, ClusterArgs(spec=spec, plan=plan, kubeconfig=kubeconfig, team_webhook_tls=webhook_tls)
-)
-for key, value in cluster.outputs.items():
-    pulumi.export(key, value)
+if spec.layer_only:
+    # The in-cluster layer alone, against the cluster in kubernetes:kubeconfig: no Azure provider, no
+    # Azure resource. Named as the full program names it, so its objects' names are the same.
+    assert kubeconfig is not None  # checked above: layer_only needs in_cluster_layer
+    layer = InClusterLayer(
+        f"{plan.cluster}-in-cluster",
+        InClusterLayerArgs(
+            spec=spec,
+            cluster=plan.cluster,
+            kubeconfig=kubeconfig,
+            team_webhook_tls=webhook_tls,
+            apiserver_address=f"{plan.apiserver_lb_ip}:{APISERVER_PORT}",
+            await_ready=spec.kubernetes_await,
+        ),
+    )
+    pulumi.export("in_cluster_components", layer.components)
+else:
+    cluster = Cluster(
+        plan.cluster, ClusterArgs(spec=spec, plan=plan, kubeconfig=kubeconfig, team_webhook_tls=webhook_tls)
+    )
+    for key, value in cluster.outputs.items():
+        pulumi.export(key, value)

@@ -338,6 +338,7 @@ class Cluster(pulumi.ComponentResource):
                     team_webhook_tls=args.team_webhook_tls,
                     node_documents={k: v for pool in self.pools for k, v in pool.documents.items()},
                     apiserver_address=f"{plan.apiserver_lb_ip}:{kube.APISERVER_PORT}",
+                    await_ready=spec.kubernetes_await,
                 ),
                 opts=child(self),
             )

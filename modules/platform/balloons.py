@@ -39,6 +39,9 @@ class BalloonsArgs:
     """PriorityClass of balloon pods (default: superkube-balloon)."""
     image: str = PAUSE_IMAGE
     """The placeholder container (default: the pinned pause image)."""
+    hold_nodes: bool = True
+    """Replicas: each pool's maximum (default True); False: none, for nodes that cannot hold a
+    whole-node balloon (spec.balloons_enabled false, the lab's)."""
 
     def __post_init__(self) -> None:
         require(bool(self.pools), "pools", "needs at least one pool")
@@ -75,7 +78,7 @@ def deployment(pool: PoolSpec, vm: VmSize, args: BalloonsArgs) -> Manifest:
         "kind": "Deployment",
         "metadata": objects.meta(name, COMPONENT, NAMESPACE),
         "spec": {
-            "replicas": pool.nodes,
+            "replicas": pool.nodes if args.hold_nodes else 0,
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "10%"}},
             "template": {

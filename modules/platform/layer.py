@@ -9,6 +9,7 @@ gang scheduling, team capacity, monitoring) are one more component each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -30,6 +31,19 @@ from superkube.cluster import autoscaling, kube, remediation
 from superkube.model import vmsizes
 from superkube.model.spec import ClusterSpec
 
+SKIP_AWAIT = "pulumi.com/skipAwait"
+
+
+def skip_await(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult | None:
+    """Each Kubernetes object annotated so that the provider does not wait for it to become ready."""
+    if not args.type_.startswith("kubernetes:") or args.type_.startswith("pulumi:providers:"):
+        return None
+    given = args.props.get("metadata")
+    metadata: dict[str, Any] = dict(given) if isinstance(given, dict) else {}
+    annotations = metadata.get("annotations")
+    metadata["annotations"] = {**(annotations if isinstance(annotations, dict) else {}), SKIP_AWAIT: "true"}
+    return pulumi.ResourceTransformationResult({**args.props, "metadata": metadata}, args.opts)
+
 
 @dataclass(frozen=True, kw_only=True)
 class InClusterLayerArgs:
@@ -45,6 +59,9 @@ class InClusterLayerArgs:
     """Node scale set -> its #cloud-config document (for the join-token publisher; empty: none)."""
     apiserver_address: str = ""
     """HOST:PORT of the API servers' load balancer (the health agents check they reach it)."""
+    await_ready: bool = True
+    """The provider waits for workloads and Services to become ready (default True); False: every
+    object is annotated `pulumi.com/skipAwait` (spec.kubernetes_await false: a cluster with no nodes)."""
 
     def __post_init__(self) -> None:
         require(
@@ -61,6 +78,8 @@ class InClusterLayer(pulumi.ComponentResource):
     def __init__(
         self, name: str, args: InClusterLayerArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
+        if not args.await_ready:  # a transformation of the layer applies to all its children
+            opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(transformations=[skip_await]))
         super().__init__("superkube:platform:InClusterLayer", name, None, opts)
         spec = args.spec
         self.provider = k8s.Provider(
@@ -97,7 +116,9 @@ class InClusterLayer(pulumi.ComponentResource):
         sized = [
             (pool, vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")) for pool in spec.node_pools
         ]
-        self.balloons = Balloons(f"{name}-balloons", BalloonsArgs(pools=sized), opts=after)
+        self.balloons = Balloons(
+            f"{name}-balloons", BalloonsArgs(pools=sized, hold_nodes=spec.balloons_enabled), opts=after
+        )
         self.node_health = NodeHealth(
             f"{name}-node-health",
             NodeHealthArgs(
@@ -151,4 +172,5 @@ class InClusterLayer(pulumi.ComponentResource):
         components += (["autoscaler"] if self.autoscaler else []) + (
             ["team-capacity"] if self.team_capacity else []
         )
+        self.components = components
         self.register_outputs({"components": components})

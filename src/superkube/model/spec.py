@@ -590,6 +590,29 @@ class ClusterSpec(_Model):
         default=True,
         description="Deploy the in-cluster layer with this pulumi up; set false for a cluster's first pulumi up, before superkube converge has made its control plane.",
     )
+    layer_only: bool = Field(
+        default=False,
+        description=(
+            "Register the in-cluster layer alone, through a Kubernetes provider made from kubernetes:kubeconfig, "
+            "and nothing of Azure: for a cluster whose machines exist already (the lab's API server; "
+            "docs/04-in-cluster-layer.md). The join-token publisher is left out: it needs the scale sets."
+        ),
+    )
+    kubernetes_await: bool = Field(
+        default=True,
+        description=(
+            "The Kubernetes provider waits for each workload and Service of the layer to become ready; false: "
+            "it does not (each object annotated pulumi.com/skipAwait), for an API server with no nodes, such "
+            "as bench/pulumi_up.py's."
+        ),
+    )
+    balloons_enabled: bool = Field(
+        default=True,
+        description=(
+            "Balloon Deployments hold each pool's nodes (replicas: the pool's maximum); false: they exist "
+            "at no replicas, for nodes that cannot hold a whole-node balloon, such as the lab's."
+        ),
+    )
     limit_overrides: dict[LimitName, LimitOverride] = Field(
         default_factory=dict,
         description="YAML mapping: Azure limit name -> {value, reason}, for quota raised by Azure support.",
@@ -700,6 +723,16 @@ class ClusterSpec(_Model):
             seen.add(pool.name)
         if not any(p.role == "gpu" for p in self.node_pools):
             raise SpecError(f"{NAMESPACE}:node_pools", "has no gpu pool", "add a pool with role: gpu")
+        return self
+
+    @model_validator(mode="after")
+    def _layer_only_has_layer(self) -> ClusterSpec:
+        if self.layer_only and not self.in_cluster_layer:
+            raise SpecError(
+                f"{NAMESPACE}:layer_only",
+                "is true but in_cluster_layer is false, which leaves nothing to register",
+                "set superkube:in_cluster_layer true, or layer_only false",
+            )
         return self
 
     def pool_team(self, pool: NodePool, cluster: str) -> str | None:
