@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from superkube.cli.common import Output, OutputOpt, ProjectOpt, err, fail, out, project_dir
-from superkube.fleet.usage import TRAFFIC, By, Sort
+from superkube.fleet.usage_options import TRAFFIC, By, Sort
 
 if TYPE_CHECKING:
     from superkube.fleet.usage import Store

@@ -25,7 +25,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +32,13 @@ import yaml
 
 from superkube.cluster.kube import METRICS_STORE, MONITORING, VMINSERT_PORT, VMSELECT_PORT
 from superkube.fleet.converge import PLAYBOOKS
+from superkube.fleet.usage_options import TRAFFIC, By, Sort
 
 if TYPE_CHECKING:
     from superkube.model.ipam import AddressPlan
     from superkube.model.spec import ClusterSpec
 
 METRIC = "iptables_rule_bytes_total"
-TRAFFIC = ("internet-out", "internet-in", "internal-out", "internal-in")
-"""The exporter's `traffic` values, in the order the command shows them."""
 QUERY_TIMEOUT_S = 30.0
 """How long one query may take, connecting included (the stores' own limit is 2 minutes)."""
 
@@ -51,21 +49,6 @@ class StoreError(Exception):
 
 class UsageError(Exception):
     """A user error in what was asked (the window, the namespace): one line."""
-
-
-class By(StrEnum):
-    namespace = "namespace"
-    pod = "pod"
-
-
-class Sort(StrEnum):
-    total = "total"
-    internet = "internet"
-    internal = "internal"
-    internet_out = "internet-out"
-    internet_in = "internet-in"
-    internal_out = "internal-out"
-    internal_in = "internal-in"
 
 
 # Prometheus' duration syntax: units from years down to milliseconds, each at most once, in order
