@@ -616,7 +616,8 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
 def reset_daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs) -> Manifest:
     """The pool's GPU reset (superkube.agents.gpu_reset): a pod only on the nodes the health controller
     labelled for a reset (drained, every fatal finding one a reset may clear), gone once it removes the
-    label. Not on the host network: it serves nothing the scrape needs and reaches only the API server."""
+    label. Not on the host network: it reaches only the API server, and serves its outcomes' counter on
+    its pod's `metrics` port, where the node-agents scrape job finds it by pod discovery."""
     flags = [
         f"--interval={min(args.interval_seconds, 30)}",
         f"--thresholds={THRESHOLDS_DIR}/{args.thresholds.name}",
@@ -632,6 +633,7 @@ def reset_daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs) -> Manifes
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],
+        "ports": [{"name": "metrics", "containerPort": NODE_AGENTS_METRICS_PORT}],
         "resources": AGENT_RESOURCES,
         "volumeMounts": [{"name": "thresholds", "mountPath": THRESHOLDS_DIR, "readOnly": True}],
         "securityContext": RESET_SECURITY,

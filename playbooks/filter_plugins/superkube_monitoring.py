@@ -22,10 +22,18 @@ def prometheus_config(
     rule_files: list[str] | None = None,
     scrape_interval: str = "30s",
     only_jobs: list[str] | None = None,
+    ports: dict[str, list[int]] | None = None,
+    autoscaler: bool = True,
+    more_targets: dict[str, list[str]] | None = None,
+    skip_jobs: list[str] | None = None,
 ) -> str:
     from superkube.cluster import monitoring  # the controller runs Ansible from the project's environment
 
     targets = {g: [str(hostvars[h]["ansible_host"]) for h in groups.get(g, [])] for g in target_groups}
+    for group, hosts in (more_targets or {}).items():
+        targets[str(group)] = [*targets.get(str(group), []), *(str(h) for h in hosts)]
+    jobs = [str(j) for j in only_jobs] if only_jobs else [j.name for j in monitoring.jobs()]
+    skipped = {str(j) for j in skip_jobs or []}
 
     # plain str: Ansible hands over its own string types, which the YAML dumper refuses
     config = monitoring.prometheus_config(
@@ -38,7 +46,9 @@ def prometheus_config(
         api_server=str(api_server),
         rule_files=[str(f) for f in rule_files or []],
         scrape_interval=str(scrape_interval),
-        only_jobs=[str(j) for j in only_jobs] if only_jobs else None,
+        only_jobs=[j for j in jobs if j not in skipped],
+        ports={str(j): [int(p) for p in on] for j, on in (ports or {}).items()},
+        autoscaler=bool(autoscaler),
     )
     return monitoring.render(config)
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
+from superkube.cluster.kube import AUTOSCALER_METRICS_PORT
 from superkube.model.ipam import AddressPlan
 from superkube.model.spec import PREFLIGHT_TAINT_KEY, ClusterSpec
 
@@ -188,4 +189,5 @@ def flags(spec: ClusterSpec, cluster: str) -> list[str]:
         "--skip-nodes-with-local-storage=false",  # training pods use emptyDir scratch; they must not pin nodes
         "--leader-elect=true",
         f"--leader-elect-resource-namespace={NAMESPACE}",
+        f"--address=:{AUTOSCALER_METRICS_PORT}",  # its /metrics, which the monitoring hosts scrape
     ]

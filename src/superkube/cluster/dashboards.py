@@ -68,12 +68,12 @@ EVERY_JOB = "*"
 _APISERVER = Source("kube-apiserver", KUBERNETES_VERSION, ("apiserver",))
 _ETCD = Source("etcd", ETCD_VERSION, ("etcd-main", "etcd-events"))
 _CADVISOR = Source(f"cAdvisor {CADVISOR_VERSION} in the kubelet", KUBERNETES_VERSION, ("cadvisor",))
-_AUTOSCALER = Source("cluster-autoscaler", AUTOSCALER_VERSION, ())
+_AUTOSCALER = Source("cluster-autoscaler", AUTOSCALER_VERSION, ("cluster-autoscaler",))
 _PROMETHEUS_SCRAPE = Source("prometheus (for every target)", PROMETHEUS_VERSION, (EVERY_JOB,))
-_PROMETHEUS = Source("prometheus (its own /metrics)", PROMETHEUS_VERSION, ())
-_VMSTORAGE = Source("vmstorage", VICTORIA_METRICS_VERSION, ())
-_VMINSERT = Source("vminsert", VICTORIA_METRICS_VERSION, ())
-_VMSELECT = Source("vmselect", VICTORIA_METRICS_VERSION, ())
+_PROMETHEUS = Source("prometheus (its own /metrics)", PROMETHEUS_VERSION, ("prometheus",))
+_VMSTORAGE = Source("vmstorage", VICTORIA_METRICS_VERSION, ("metrics-store",))
+_VMINSERT = Source("vminsert", VICTORIA_METRICS_VERSION, ("metrics-store",))
+_VMSELECT = Source("vmselect", VICTORIA_METRICS_VERSION, ("metrics-store",))
 
 UPSTREAM: dict[str, Source] = {
     # k8s.io/apiserver v0.35.0: pkg/endpoints/metrics, pkg/util/flowcontrol/metrics, pkg/storage/etcd3/metrics
@@ -135,7 +135,7 @@ SCRAPED_BY: dict[str, str] = {
     # superkube's own programs, by metric prefix -> the scrape job of superkube.cluster.monitoring
     "superkube_health_": "node-agents",  # the health agent and the health controller
     "superkube_preflight_": "node-agents",
-    "superkube_gpu_reset": "",  # its pods have no `metrics` port: pod discovery does not find them
+    "superkube_gpu_reset": "node-agents",  # the GPU reset's pods (the node-health component)
     "superkube_scale_governor_": "scale-governor",
     "superkube_join_tokens_": "join-tokens",
     "superkube_serving_certs": "platform-agents",
@@ -144,46 +144,15 @@ SCRAPED_BY: dict[str, str] = {
     "iptables_": "iptables-exporter",
 }
 
-_NO_AUTOSCALER_JOB = (
-    "no scrape job reads cluster-autoscaler's /metrics on the API-server hosts yet (superkube.cluster."
-    "monitoring.jobs() has none for it)"
-)
-_NO_SELF_JOB = (
-    "no scrape job reads the Prometheus shards' own /metrics yet: the shards scrape the cluster, not "
-    "the monitoring hosts"
-)
-_NO_STORE_JOB = "no scrape job reads the store hosts' vminsert, vmselect and vmstorage /metrics yet"
-
-NOT_SCRAPED: dict[str, str] = {
-    "cluster_autoscaler_nodes_count": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_unschedulable_pods_count": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_scaled_up_nodes_total": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_scaled_down_nodes_total": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_failed_scale_ups_total": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_cluster_safe_to_autoscale": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_errors_total": _NO_AUTOSCALER_JOB,
-    "cluster_autoscaler_last_activity": _NO_AUTOSCALER_JOB,
-    "superkube_gpu_reset_total": (
-        "the GPU reset's pods declare no `metrics` container port, and the node-agents job keeps only "
-        "those (modules/platform/node_health.py: reset_daemonset)"
-    ),
-    "prometheus_remote_storage_samples_total": _NO_SELF_JOB,
-    "prometheus_remote_storage_samples_failed_total": _NO_SELF_JOB,
-    "prometheus_remote_storage_samples_pending": _NO_SELF_JOB,
-    "prometheus_tsdb_head_series": _NO_SELF_JOB,
-    "vm_rows_inserted_total": _NO_STORE_JOB,
-    "vm_rpc_rows_pending": _NO_STORE_JOB,
-    "vm_rpc_vmstorage_is_reachable": _NO_STORE_JOB,
-    "vm_cache_entries": _NO_STORE_JOB,
-    "vm_new_timeseries_created_total": _NO_STORE_JOB,
-    "vm_data_size_bytes": _NO_STORE_JOB,
-    "vm_free_disk_space_bytes": _NO_STORE_JOB,
-    "vm_http_request_errors_total": _NO_STORE_JOB,
-}
+NOT_SCRAPED: dict[str, str] = {}
 """Metrics some panel reads that the generated Prometheus configuration does not scrape, and why."""
 
 _AUTOSCALER_ONLY = (
     "only cluster-autoscaler makes these, and it runs against Azure's scale sets; the lab runs none"
+)
+_CLUSTER_STORE_ONLY = (
+    "only the store's cluster version has vminsert's RPC to vmstorage; the lab's store is "
+    "VictoriaMetrics' single-node version (the monitoring role's lab store)"
 )
 _GPU_RESET_ONLY = (
     "only a GPU fault that a reset may clear asks for a reset, and only a real GPU is reset: no lab "
@@ -202,6 +171,7 @@ LAB_EMPTY: dict[str, str] = {
     ),
     "superkube-health/GPU reset requests and their end, in the last hour": _GPU_RESET_ONLY,
     "superkube-health/GPU resets in the last hour, by outcome": _GPU_RESET_ONLY,
+    "superkube-monitoring/vminsert to vmstorage: rows waiting, storage hosts reachable": _CLUSTER_STORE_ONLY,
 }
 """Panels (`<dashboard uid>/<panel title>`) whose every query is empty on the lab, and why."""
 
@@ -1300,10 +1270,12 @@ class Selector:
     matchers: str = ""
 
 
-def concrete(expr: str) -> str:
-    """The query with Grafana's variables replaced by values a check can use (VARIABLES)."""
-    for name in sorted(VARIABLES, key=len, reverse=True):
-        expr = expr.replace(name, VARIABLES[name])
+def concrete(expr: str, **values: str) -> str:
+    """The query with Grafana's variables replaced by values a check can use (VARIABLES; a value given
+    by the variable's name without `$`, e.g. `__rate_interval="30m"`, in place of its default)."""
+    given = {**VARIABLES, **{f"${name}": value for name, value in values.items()}}
+    for name in sorted(given, key=len, reverse=True):
+        expr = expr.replace(name, given[name])
     return expr
 
 

@@ -160,6 +160,7 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "vmselect_port": VMSELECT_PORT,
         "vmstorage_insert_port": VMSTORAGE_INSERT_PORT,
         "vmstorage_select_port": VMSTORAGE_SELECT_PORT,
+        "vmstorage_http_port": VMSTORAGE_HTTP_PORT,
         "apiserver_url": apiserver_url(addresses.apiserver_lb_ip),
         "apiserver_ips": [str(ip) for ip in addresses.apiserver_ips],
         "apiserver_sans": apiserver_ip_sans(addresses),
@@ -230,6 +231,9 @@ METRICS_STORE = "metrics_store"
 MACHINE_GROUPS = (*GROUPS, MONITORING, METRICS_STORE)
 VMINSERT_PORT = 8480  # the store's remote-write entry on every store host
 VMSELECT_PORT = 8481  # its query entry (Prometheus API under /select/0/prometheus)
+VMSTORAGE_HTTP_PORT = 8482  # vmstorage's own HTTP listener: its /metrics
+PROMETHEUS_PORT = 9090  # each Prometheus shard's web and /metrics listener (the lab's next shard: +1)
+AUTOSCALER_METRICS_PORT = 8085  # cluster-autoscaler's /metrics (its --address) on each API-server host
 VMSTORAGE_INSERT_PORT = 8400  # vmstorage, for every host's vminsert
 VMSTORAGE_SELECT_PORT = 8401  # vmstorage, for every host's vmselect
 

@@ -13,10 +13,11 @@ with the cluster's spec:
   `promtool test rules` (`data/monitoring/tests/`).
 
 Targets: the control plane and the NAT host at the plan's fixed addresses (superkube's host
-services on the API-server hosts among them: the scale governor and the join-token publisher);
-Kubernetes nodes from node discovery (their InternalIP), so scale-ups need no new config; the
-agents' pods in the cluster from pod discovery (their `metrics` container ports); every host
-statically on the lab.
+services on the API-server hosts among them: the scale governor, the join-token publisher and
+cluster-autoscaler); the monitoring pipeline itself (every shard's own /metrics, and the store's
+vminsert, vmselect and vmstorage); Kubernetes nodes from node discovery (their InternalIP), so
+scale-ups need no new config; the agents' pods in the cluster from pod discovery (their `metrics`
+container ports); every host statically on the lab.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import yaml
 from superkube.cluster.kube import (
     APISERVER_PORT,
     APISERVERS,
+    AUTOSCALER_METRICS_PORT,
     CPU_NODES,
     ETCD_EVENTS,
     ETCD_MAIN,
@@ -38,15 +40,21 @@ from superkube.cluster.kube import (
     GPU_NODES,
     IPTABLES_EXPORTER_PORT,
     JOIN_TOKENS_METRICS_PORT,
+    METRICS_STORE,
+    MONITORING,
     NAT_HOST,
     NODE_AGENTS_METRICS_PORT,
     NODE_EXPORTER_PORT,
     NODE_HEALTH_COMPONENT,
     PROMETHEUS_PKI_DIR,
+    PROMETHEUS_PORT,
     SCALE_GOVERNOR_METRICS_PORT,
     SERVING_CERTS_COMPONENT,
     SYSTEM_NAMESPACE,
     TEAM_CAPACITY_COMPONENT,
+    VMINSERT_PORT,
+    VMSELECT_PORT,
+    VMSTORAGE_HTTP_PORT,
     apiserver_url,
     metrics_store_write_urls,
 )
@@ -144,6 +152,7 @@ class Job:
     path: str = "/metrics"
     reviewed: str = ""  # for a job with nothing to drop: why its series need no drop rule
     pods_of: str = ""  # scrape the pods of these in-cluster components (a regex of the label), not hosts
+    more_ports: tuple[int, ...] = ()  # further ports each of its hosts serves this job's /metrics on
 
     def __post_init__(self) -> None:
         if bool(self.drops) == bool(self.reviewed):
@@ -196,7 +205,33 @@ def jobs() -> tuple[Job, ...]:
             reviewed="the serving-certificate approver, the team-taints reconciler and the team webhook: a "
             "few replicas, their series bounded by decision, reason and code labels; nothing to drop",
         ),
+        Job(
+            AUTOSCALER_JOB,
+            AUTOSCALER_METRICS_PORT,
+            (APISERVERS,),
+            reviewed="one cluster-autoscaler per API-server host (one leads): its series are per node group "
+            "and reason, a few hundred at most; nothing to drop",
+        ),
+        Job(
+            "prometheus",
+            PROMETHEUS_PORT,
+            (MONITORING,),
+            reviewed="each shard's own /metrics: a few hundred series per shard (its TSDB, rules, remote "
+            "write queues); nothing to drop",
+        ),
+        Job(
+            "metrics-store",
+            VMINSERT_PORT,
+            (METRICS_STORE,),
+            more_ports=(VMSELECT_PORT, VMSTORAGE_HTTP_PORT),
+            reviewed="vminsert, vmselect and vmstorage on each store host: a few hundred series each, "
+            "bounded by path, type and peer; nothing to drop",
+        ),
     )
+
+
+AUTOSCALER_JOB = "cluster-autoscaler"
+"""Scraped only where the stack runs cluster-autoscaler (superkube:autoscaler_enabled)."""
 
 
 def _shard_relabel(shards: int, shard: int) -> list[dict[str, Any]]:
@@ -224,7 +259,11 @@ def _sd(role: str, api_server: str, **extra: Any) -> list[dict[str, Any]]:
 
 
 def _discovery(
-    job: Job, targets: Mapping[str, Sequence[str]], nodes_from_kubernetes: bool, api_server: str = ""
+    job: Job,
+    targets: Mapping[str, Sequence[str]],
+    nodes_from_kubernetes: bool,
+    api_server: str = "",
+    ports: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Static targets for the job's groups; Kubernetes nodes come from node discovery in a cluster
     (their InternalIP, the NIC's primary IP) so joining and leaving nodes need no new config; an
@@ -264,7 +303,8 @@ def _discovery(
         }
     )
     if hosts:
-        out["static_configs"] = [{"targets": [f"{h}:{job.port}" for h in hosts]}]
+        on = ports or (job.port, *job.more_ports)
+        out["static_configs"] = [{"targets": [f"{h}:{port}" for h in hosts for port in on]}]
     if nodes_from_kubernetes and node_groups & set(job.groups):
         out["kubernetes_sd_configs"] = _sd("node", api_server)
         out["relabel_configs"] = [
@@ -292,16 +332,23 @@ def prometheus_config(
     rule_files: Sequence[str] = ("rules/*.yml",),
     scrape_interval: str = SCRAPE_INTERVAL,
     only_jobs: Sequence[str] | None = None,
+    ports: Mapping[str, Sequence[int]] | None = None,
+    autoscaler: bool = True,
 ) -> dict[str, Any]:
     """One shard's prometheus.yml: `targets` maps inventory groups to host addresses (the plan's
-    control plane and NAT host in a cluster; every host on the lab, with nodes_from_kubernetes off)."""
+    control plane, NAT host, Prometheus and store hosts in a cluster; every host on the lab, with
+    nodes_from_kubernetes off where the lab has no API server). `ports` gives a job's ports where
+    they differ from the cluster's (the lab's shards share one host; its store is one process);
+    `autoscaler` is whether the stack runs cluster-autoscaler."""
     if not 0 <= shard < shards:
         raise ValueError(f"shard {shard} is not in 0..{shards - 1}")
     scrape = []
     for job in jobs():
         if only_jobs is not None and job.name not in only_jobs:
             continue
-        found = _discovery(job, targets, nodes_from_kubernetes, api_server)
+        if job.name == AUTOSCALER_JOB and not autoscaler:
+            continue
+        found = _discovery(job, targets, nodes_from_kubernetes, api_server, (ports or {}).get(job.name, ()))
         if not found:
             continue
         config: dict[str, Any] = {
@@ -333,13 +380,16 @@ def prometheus_config(
     }
 
 
-def cluster_targets(addresses: Any) -> dict[str, list[str]]:
-    """The plan's fixed hosts by group: API servers, etcd members, the NAT host."""
+def cluster_targets(addresses: Any, own_store: bool = True) -> dict[str, list[str]]:
+    """The plan's fixed hosts by group: API servers, etcd members, the NAT host, the Prometheus
+    hosts and (unless the stack writes to a store elsewhere) the store's hosts."""
     return {
         APISERVERS: [str(ip) for ip in addresses.apiserver_ips],
         ETCD_MAIN: [str(ip) for ip in addresses.etcd_main_ips],
         ETCD_EVENTS: [str(ip) for ip in addresses.etcd_events_ips],
         NAT_HOST: [str(addresses.nat_host_ip)],
+        MONITORING: [str(ip) for ip in addresses.prometheus_ips],
+        METRICS_STORE: [str(ip) for ip in addresses.metrics_store_ips] if own_store else [],
     }
 
 
@@ -379,8 +429,9 @@ def shard_configs(spec: Any, addresses: Any, cluster: str) -> list[str]:
                 spec.prometheus_shards,
                 shard,
                 urls[shard],
-                cluster_targets(addresses),
+                cluster_targets(addresses, own_store=not spec.metrics_store_url),
                 api_server=apiserver_url(addresses.apiserver_lb_ip),
+                autoscaler=spec.autoscaler_enabled,
             )
         )
         for shard in range(spec.prometheus_shards)
