@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -258,7 +259,13 @@ def planned(stack: str, project: Path | None) -> Any:
 
     try:
         root = project_dir(project)
-        with err.status(f"planning stack {stack} under the mock engine", spinner="dots"):
+        # a spinner only where someone watches: elsewhere it draws nothing, from a thread of its own
+        spinner = (
+            err.status(f"planning stack {stack} under the mock engine", spinner="dots")
+            if err.is_terminal
+            else contextlib.nullcontext()
+        )
+        with spinner:
             return planning.run(root, stack)
     except SpecError as exc:
         fail(str(exc))
