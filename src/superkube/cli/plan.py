@@ -28,7 +28,7 @@ from superkube.cli.common import (
 )
 from superkube.cluster.kube import APISERVER_PORT
 from superkube.model.words import plural
-from superkube.plan import collector, diagram, report
+from superkube.plan import collector, report
 
 
 def plan(
@@ -56,6 +56,8 @@ def plan(
         if out_file is not None:
             write_atomically(out_file, json.dumps(document, indent=2) + "\n")
         if diagram_file is not None:
+            from superkube.plan import diagram  # only with --diagram
+
             write_atomically(diagram_file, diagram.render(document))
         if output is Output.json:
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
