@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
+from modules.platform import monitoring_access
 from superkube.cli import app
-from superkube.cluster.kube import IPTABLES_EXPORTER_PORT
+from superkube.cluster import dashboards
+from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, MONITORING, PROMETHEUS_PKI_DIR, SYSTEM_NAMESPACE
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import layer, machines, processes
 from superkube.lab.state import STATE_DIR, Lab
 
+PROMETHEUS_TOKEN = f"{monitoring_access.NAME}-token"
+
 # the control plane, and one node of each kind plus the NAT host to join it
 # (the second GPU node joins in test_running_the_agents, watched, behind a preflight that fails first)
-CONTROL_PLANE = "gpu_nodes=2,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
+# (and a monitoring host, scraping it all once the layer gives it a token: Labs.apply)
+CONTROL_PLANE = "gpu_nodes=2,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2,monitoring=1"
 POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + store (+ hub client, internet)
 ORDER = {
     POD_NETWORK: ("test_monitoring.py", "test_pod_network.py"),
@@ -40,6 +48,7 @@ ORDER = {
         "test_running_the_agents.py",
         "test_training_job.py",
         "test_health_loop.py",
+        "test_seeing_the_cluster.py",
         "test_split_control_plane.py",
         "test_scaling_out.py",
         "test_upgrading_nodes.py",
@@ -109,6 +118,8 @@ class Labs:
             result = CliRunner().invoke(app, ["lab", "apply", "--output", "json"])
             assert result.exit_code == 0, result.output
             self.applied = list(json.loads(result.stdout))
+            if any(h.group == MONITORING for h in fleet.hosts):
+                watch_the_cluster(fleet)
         return self.applied
 
     def retried(self, fleet: Lab, first: runner.ConvergeResult, retry: runner.ConvergeResult) -> None:
@@ -122,6 +133,27 @@ class Labs:
             status=retry.status,
             playbook=first.playbook,
         )
+
+
+def watch_the_cluster(fleet: Lab) -> None:
+    """Give the lab's monitoring hosts what an operator places after the layer's first apply (the
+    cluster CA and the Prometheus token, modules/platform/monitoring_access.py), and converge them: the
+    monitoring role then scrapes every job, with nodes and agents' pods discovered from the API server.
+    A later converge finds them placed and changes nothing."""
+    ca = (fleet.inventory.parent / "pki" / "kubernetes" / "ca.crt").read_text()
+    deadline = time.monotonic() + 60
+    while not (
+        token := ok(
+            fleet, "-n", SYSTEM_NAMESPACE, "get", "secret", PROMETHEUS_TOKEN, "-o", "jsonpath={.data.token}"
+        )
+    ):
+        assert time.monotonic() < deadline, f"the token controller never filled {PROMETHEUS_TOKEN}"
+        time.sleep(1)
+    for host in (h.name for h in fleet.hosts if h.group == MONITORING):
+        machines.put(fleet, host, f"{PROMETHEUS_PKI_DIR}/ca.crt", ca)
+        machines.put(fleet, host, f"{PROMETHEUS_PKI_DIR}/token", base64.b64decode(token).decode())
+    done = runner.converge(fleet.inventory, tags="monitoring", limit=MONITORING)
+    assert done.ok, {n: (h.task, h.message) for n, h in done.hosts.items() if not h.healthy}
 
 
 @pytest.fixture(scope="session")
@@ -278,3 +310,60 @@ class NodeWatch:
         self._reader.join(timeout=10)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
+
+
+MONITORING_ROLE = yaml.safe_load(
+    (runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text()
+)
+SHARD_PORT = MONITORING_ROLE["monitoring_prometheus_port"]  # the lab's first shard
+STORE_PORT = MONITORING_ROLE["monitoring_store_port"]  # the lab's single-node store
+_ASK = """
+import json, sys, urllib.parse, urllib.request
+out = []
+for expr in json.load(open(sys.argv[1])):
+    row = []
+    for port in (int(sys.argv[2]), int(sys.argv[3])):
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            got = json.load(urllib.request.urlopen(url, timeout=30))
+            row.append([got["status"], len(got["data"]["result"])])
+        except Exception as e:  # a refused query is an HTTP 400 with the parser's error
+            row.append(["error", str(getattr(e, "read", lambda: str(e).encode())().decode()[:300])])
+    out.append(row)
+print(json.dumps(out))
+"""
+
+
+def panels_on_the_lab(fleet: Lab, host: str, boards: set[str], rate_interval: str) -> dict[str, list[str]]:
+    """Every query of every panel of these dashboards, as Grafana sends it (its variables filled in,
+    `$__rate_interval` as the lab's run needs), asked of a Prometheus shard (it must parse) and of the
+    store the dashboards read (it must return series): the panels, by `LAB_EMPTY` key, whose every
+    query came back empty from the store, and the queries a shard or the store refused."""
+    asked = [
+        (dashboards.key(board, p), dashboards.concrete(query.expr, __rate_interval=rate_interval))
+        for board in dashboards.boards()
+        if board.uid in boards
+        for p in board.panels()
+        for query in p.queries
+    ]
+    machines.put(fleet, host, "/root/panels/queries.json", json.dumps([expr for _, expr in asked]))
+    machines.put(fleet, host, "/root/panels/ask.py", _ASK)
+    answers = json.loads(
+        sh(
+            fleet,
+            host,
+            f"python3 /root/panels/ask.py /root/panels/queries.json {SHARD_PORT} {STORE_PORT}",
+            timeout=300,
+        )
+    )
+    refused = [
+        f"{key}: {expr}: {answer}"
+        for (key, expr), row in zip(asked, answers, strict=True)
+        for answer in row
+        if answer[0] != "success"
+    ]
+    with_data = {
+        key for (key, _), (_, store) in zip(asked, answers, strict=True) if store[0] == "success" and store[1]
+    }
+    empty = sorted({key for key, _ in asked} - with_data)
+    return {"empty": empty, "refused": refused}

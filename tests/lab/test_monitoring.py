@@ -25,11 +25,12 @@ from urllib.parse import quote
 import pytest
 import yaml
 
+from superkube.cluster import dashboards
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.fleet.usage import TRAFFIC
 from superkube.lab.state import Lab
-from tests.lab.conftest import CNIRUN, Labs, counters, deliver, put_cnirun, sh
+from tests.lab.conftest import CNIRUN, Labs, counters, deliver, panels_on_the_lab, put_cnirun, sh
 
 ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
 HOST = "monitoring-1"
@@ -77,7 +78,11 @@ def mon(labs: Labs, monitored: Lab) -> Lab:
 
 
 def targets(fleet_: Lab) -> set[str]:
-    return {f"{fleet_.host(n).address}:{port}" for n in NODES for port in (NODE, IPTABLES)}
+    """The nodes' exporters, and the monitoring pipeline itself: each shard's and the store's /metrics."""
+    monitoring = fleet_.host(HOST).address
+    return {f"{fleet_.host(n).address}:{port}" for n in NODES for port in (NODE, IPTABLES)} | {
+        f"{monitoring}:{port}" for port in (*SHARDS, STORE)
+    }
 
 
 def test_every_target_is_up_in_exactly_one_shard_and_in_the_store(mon: Lab) -> None:
@@ -354,3 +359,28 @@ def test_killing_one_shard_stales_only_its_targets_and_the_store_keeps_what_it_h
             assert newest(instance) > killed + 10, f"{instance} lost samples with the other shard"
     finally:
         sh(mon, HOST, f"systemctl start superkube-prometheus@{victim}")
+
+
+# what this lab shows: the network dashboard (pods here send known traffic) and the pipeline's own;
+# the control-plane lab checks the rest (test_seeing_the_cluster), the team join among them
+PANEL_BOARDS = {"superkube-network", "superkube-monitoring"}
+ELSEWHERE = {"superkube-network/Traffic by team"}
+
+
+def test_every_network_and_pipeline_panel_returns_data_from_the_store(mon: Lab) -> None:
+    """Each query as Grafana sends it (rates over an hour: this lab's run is minutes long) parses on a
+    shard and, but for the LAB_EMPTY panels, returns series from the store; the pods' traffic came
+    from the tests above (their series are stale now, and a rate over the hour still has them)."""
+    want = (
+        {
+            dashboards.key(board, p)
+            for board in dashboards.boards()
+            if board.uid in PANEL_BOARDS
+            for p in board.panels()
+        }
+        - set(dashboards.LAB_EMPTY)
+        - ELSEWHERE
+    )
+    got = panels_on_the_lab(mon, HOST, PANEL_BOARDS, "1h")
+    assert not got["refused"], got["refused"]
+    assert not want & set(got["empty"]), f"panels with no data on the lab: {sorted(want & set(got['empty']))}"
