@@ -10,11 +10,15 @@ import sys
 import threading
 from typing import Annotated, NoReturn
 
-import typer
-
-from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan, usage
-from superkube.cli.common import Command, Group, err, out, package_version
 from superkube.plan import collector
+
+# The command line's imports leave objects that live as long as the process: the collector would
+# scan them again and again as they pile up, and at every full collection after.
+with collector.set_aside():
+    import typer
+
+    from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan, usage
+    from superkube.cli.common import Command, Group, err, out, package_version
 
 app = typer.Typer(
     name="superkube",

@@ -35,3 +35,18 @@ def paused(*, for_the_command: bool = False) -> Iterator[None]:
     finally:
         if was_enabled and not (for_the_command and _ENDS_WITH_COMMAND):
             gc.enable()
+
+
+@contextlib.contextmanager
+def set_aside() -> Iterator[None]:
+    """Pause the cycle collector over work whose objects live as long as the process (the command
+    line's imports: its framework, the spec's validators), then set them aside (`gc.freeze`), so that
+    no later collection scans them again: the collector runs as before on what comes after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
