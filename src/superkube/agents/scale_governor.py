@@ -61,10 +61,12 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+if TYPE_CHECKING:  # the metrics client is loaded where the service runs, not where its names are read
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("superkube.scale-governor")
 
@@ -197,6 +199,8 @@ class Metrics:
     ROUND_RESULTS = ("ok", "failed")
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.leader = Gauge("superkube_scale_governor_leader",
@@ -629,6 +633,8 @@ def serve_metrics(args: argparse.Namespace, registry: CollectorRegistry, prog: s
     line on stderr, when the port cannot be had (exit 1: a restart may find it free)."""
     if args.metrics_port is None:
         return True
+    from prometheus_client import start_http_server
+
     try:
         start_http_server(args.metrics_port, addr=args.metrics_address, registry=registry)
     except OSError as exc:
