@@ -24,12 +24,13 @@ from typing import Any, TypeVar, TypeVarTuple
 
 import pulumi
 import yaml
+from google.protobuf import struct_pb2
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import resource as pulumi_resource
-from pulumi.runtime import settings
+from pulumi.runtime import rpc, settings
 from pulumi.runtime import stack as pulumi_stack
-from pulumi.runtime.proto import source_pb2
-from pulumi.runtime.sync_await import _sync_await
+from pulumi.runtime.proto import resource_pb2, source_pb2
+from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 
 from superkube.cluster.render import SECRET
 from superkube.model import files, strictyaml, vmsizes
@@ -448,7 +449,7 @@ class _Mocks(pulumi.runtime.Mocks):
     def __init__(self) -> None:
         self.last_inputs: dict[str, Any] = {}
 
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict[str, Any]]:
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.last_inputs = args.inputs
         if not args.custom:
             return "", dict(args.inputs)
@@ -495,23 +496,66 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         self._mocks = mocks
 
     def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)
-        if request.type != "pulumi:pulumi:Stack":
-            self.recorded.append(
-                Resource(
-                    urn=response.urn,
-                    type=request.type,
-                    name=request.name,
-                    custom=bool(request.custom),
-                    parent=request.parent or None,
-                    dependencies=sorted(set(request.dependencies)),
-                    inputs=_plain(self._mocks.last_inputs),
-                    id=response.id,
-                    provider=request.provider or None,
-                    ignore_changes=tuple(request.ignoreChanges),
-                )
+        """The SDK's mock `RegisterResource`, but for how it serializes the mock's answer (see
+        `_answer`), and each resource recorded."""
+        if request.type == "pulumi:pulumi:Stack":
+            return super().RegisterResource(request)
+        urn = self.make_urn(request.parent, request.type, request.name)
+        _ensure_event_loop()
+        inputs = rpc.deserialize_properties(request.object)
+        id_, state = self._mocks.new_resource(
+            pulumi.runtime.MockResourceArgs(
+                typ=request.type,
+                name=request.name,
+                inputs=inputs,
+                provider=request.provider,
+                resource_id=request.importId,
+                custom=request.custom or False,
+                transforms=pulumi_mocks._resolve_callbacks(request.transforms),
             )
+        )
+        self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        response = resource_pb2.RegisterResourceResponse(
+            urn=urn, id=id_, object=_answer(request.object, inputs, state)
+        )
+        self.recorded.append(
+            Resource(
+                urn=response.urn,
+                type=request.type,
+                name=request.name,
+                custom=bool(request.custom),
+                parent=request.parent or None,
+                dependencies=sorted(set(request.dependencies)),
+                inputs=_plain(self._mocks.last_inputs),
+                id=response.id,
+                provider=request.provider or None,
+                ignore_changes=tuple(request.ignoreChanges),
+            )
+        )
         return response
+
+
+def _answer(sent: struct_pb2.Struct, inputs: dict[str, Any], outputs: dict[str, Any]) -> struct_pb2.Struct:
+    """The mock's outputs, serialized as the SDK's mock monitor serializes them.
+
+    The outputs are the inputs (the very values `sent` was read into) with a few added or changed
+    (`name`, an identity's IDs). `sent` is those inputs serialized already, and reading then
+    serializing them again gives the same message; so the answer is a copy of it with only what
+    the mock added or changed serialized on top. Serializing every output again, as the SDK's
+    monitor does, was a tenth of the time each resource takes to register."""
+    answer = struct_pb2.Struct()
+    answer.CopyFrom(sent)
+    for key in inputs.keys() - outputs.keys():
+        del answer.fields[key]
+    changed = {k: v for k, v in outputs.items() if k not in inputs or inputs[k] is not v}
+    if changed:
+        serialized = pulumi_mocks._sync_await(rpc.serialize_properties(changed, {}))
+        for key in changed:
+            if key in serialized.fields:
+                answer.fields[key].CopyFrom(serialized.fields[key])
+            elif key in answer.fields:
+                del answer.fields[key]
+    return answer
 
 
 def _without_version_aliases(args: pulumi.ResourceTransformationArgs) -> pulumi.ResourceTransformationResult:
