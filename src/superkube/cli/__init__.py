@@ -64,8 +64,21 @@ app.add_typer(job.job_app, name="job")
 app.add_typer(image.image_app, name="image")
 
 
+def _top_level_commands() -> set[str]:
+    """The names of the commands that are not in a group (plan, check, ...)."""
+    return {
+        info.name or typer.main.get_command_name(info.callback.__name__)
+        for info in app.registered_commands
+        if info.callback is not None
+    }
+
+
 def main() -> NoReturn:
     collector.process_ends_with_command()  # _leave below: nothing runs after the command
+    if sys.argv[1:2] and sys.argv[1] in _top_level_commands():
+        # None of the groups' commands can be asked for, and the framework builds every command it
+        # has (each one's options read from its signature) before it runs one: half its start.
+        app.registered_groups.clear()
     try:
         app()
         code: object = 0
