@@ -55,7 +55,15 @@ REAL = ("tests/agents", "tests/fleet", "tests/harness")
 LAB = ("tests/lab",)
 """the runs on a booted lab, in the order of their lab's shape (tests/lab/conftest.py)"""
 LANES = {"offline": OFFLINE, "real": REAL, "lab": LAB}
-HOST_COMPONENTS = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc")
+HOST_COMPONENTS = (
+    "etcd",
+    "kubernetes",
+    "kubernetes-node",
+    "scheduler-plugins",
+    "containerd",
+    "runc",
+    "prometheus",
+)
 """what `lab up` gives the lab's hosts (superkube.harness.build.HOST_COMPONENTS: a test holds them equal)"""
 IMAGE_COMPONENTS = ("coredns", "scheduler-plugins-controller", "mpi-operator")
 """what `lab up` makes its nodes' images of (superkube.harness.build.IMAGE_COMPONENTS, held equal too)"""

@@ -45,7 +45,7 @@ DASHBOARDS_DIR = f"{GRAFANA_DIR}/dashboards"
 KUBERNETES_VERSION = str(ClusterSpec.model_fields["kubernetes_version"].default)
 ETCD_VERSION = "3.6.6"  # kube_component's release-1.35.yml (what Kubernetes 1.35.0 is built with)
 CADVISOR_VERSION = "0.53.0"  # built into the kubelet: Kubernetes 1.35.0's go.mod
-PROMETHEUS_VERSION = "2.42.0"  # Debian 12's prometheus package (the monitoring role installs it)
+PROMETHEUS_VERSION = "2.53.2"  # upstream's release, which the monitoring role installs
 VICTORIA_METRICS_VERSION = "1.104.0"  # the metrics_store role's cluster version
 
 # Grafana's variables, and the values a check puts in their place (promtool, a query to the store)
@@ -110,7 +110,7 @@ UPSTREAM: dict[str, Source] = {
     "cluster_autoscaler_cluster_safe_to_autoscale": _AUTOSCALER,
     "cluster_autoscaler_errors_total": _AUTOSCALER,
     "cluster_autoscaler_last_activity": _AUTOSCALER,
-    # what Prometheus writes for each target it scrapes, and its own /metrics (Debian's 2.42.0, run)
+    # what Prometheus writes for each target it scrapes, and its own /metrics (2.53.2, run on the lab)
     "up": _PROMETHEUS_SCRAPE,
     "scrape_duration_seconds": _PROMETHEUS_SCRAPE,
     "scrape_samples_scraped": _PROMETHEUS_SCRAPE,

@@ -90,8 +90,17 @@ NAMES = (
     "scheduler-plugins-controller",
     "mpi-operator",
     "coredns",
+    "prometheus",
 )
-HOST_COMPONENTS = ("etcd", "kubernetes", "kubernetes-node", "scheduler-plugins", "containerd", "runc")
+HOST_COMPONENTS = (
+    "etcd",
+    "kubernetes",
+    "kubernetes-node",
+    "scheduler-plugins",
+    "containerd",
+    "runc",
+    "prometheus",
+)
 """what `lab up` gives the lab's hosts as programs. Not kwok (it runs beside the lab, against its API
 server)."""
 IMAGE_COMPONENTS = ("coredns", "scheduler-plugins-controller", "mpi-operator")
@@ -139,6 +148,22 @@ def _version_ldflags(version: str, commit: str = "") -> tuple[str, ...]:
     return tuple(flags)
 
 
+MONITORING_DEFAULTS = RELEASES.parents[1] / "monitoring" / "defaults" / "main.yml"
+
+
+def prometheus_version() -> str:
+    """The Prometheus release the monitoring role pins (`monitoring_prometheus_version`), e.g. 2.53.2."""
+    return str(yaml.safe_load(MONITORING_DEFAULTS.read_text())["monitoring_prometheus_version"])
+
+
+def prometheus_module_version(release_: str) -> str:
+    """Prometheus' Go module tags release 2.M.P as v0.M.P."""
+    major, minor, patch = release_.lstrip("v").split(".")
+    if major != "2":
+        raise PinError(f"prometheus {release_}: the lab builds Prometheus 2 releases (module v0.M.P)")
+    return f"v0.{minor}.{patch}"
+
+
 def release(minor: str = "1.35") -> dict[str, Any]:
     """The pinned release the roles install (kube_component's release-<minor>.yml)."""
     path = RELEASES / f"release-{minor}.yml"
@@ -158,6 +183,7 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
         "scheduler-plugins-controller": scheduler_plugins_version(pinned["version"]),
         "mpi-operator": f"v{MPI_OPERATOR_VERSION}",
         "coredns": COREDNS_VERSION,
+        "prometheus": prometheus_module_version(prometheus_version()),
     }
     unknown = sorted(set(pins or {}) - set(versions))  # kubernetes-node follows kubernetes' pin
     if unknown:
@@ -260,6 +286,22 @@ def components(pins: Mapping[str, str] | None = None, minor: str = "1.35") -> li
             module=COREDNS_MODULE,
             version=versions["coredns"],
             binaries={"coredns": COREDNS_MODULE},
+        ),
+        Component(  # the monitoring hosts' shards, with Kubernetes discovery (Debian builds it without)
+            name="prometheus",
+            module="github.com/prometheus/prometheus",
+            version=versions["prometheus"],
+            binaries={
+                "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+                "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+            },
+            replaces="copy",  # its klog replacements apply only in the main module
+            ldflags=(
+                "-X github.com/prometheus/common/version.Version="
+                + "2."
+                + versions["prometheus"].removeprefix("v0."),
+                "-X github.com/prometheus/common/version.Branch=release",
+            ),
         ),
     ]
 
