@@ -64,20 +64,20 @@ app.add_typer(job.job_app, name="job")
 app.add_typer(image.image_app, name="image")
 
 
-def _top_level_commands() -> set[str]:
-    """The names of the commands that are not in a group (plan, check, ...)."""
-    return {
-        info.name or typer.main.get_command_name(info.callback.__name__)
-        for info in app.registered_commands
-        if info.callback is not None
-    }
+def _named(info: typer.models.CommandInfo) -> str:
+    """A command's name on the command line (plan, policy-config, ...)."""
+    assert info.callback is not None
+    return info.name or typer.main.get_command_name(info.callback.__name__)
 
 
 def main() -> NoReturn:
     collector.process_ends_with_command()  # _leave below: nothing runs after the command
-    if sys.argv[1:2] and sys.argv[1] in _top_level_commands():
-        # None of the groups' commands can be asked for, and the framework builds every command it
-        # has (each one's options read from its signature) before it runs one: half its start.
+    wanted = [info for info in app.registered_commands if sys.argv[1:2] == [_named(info)]]
+    if wanted:
+        # A command outside the groups (plan, check, ...): no other command can be asked for, and
+        # the framework builds every command it has (each one's options read from its signature)
+        # before it runs one, most of its start.
+        app.registered_commands[:] = wanted
         app.registered_groups.clear()
     try:
         app()
