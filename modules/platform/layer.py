@@ -86,6 +86,11 @@ class InClusterLayer(pulumi.ComponentResource):
             f"{name}-provider",
             kubeconfig=pulumi.Output.secret(args.kubeconfig),
             enable_server_side_apply=True,
+            # the layer's ConfigMaps and Secrets have fixed names that running agents read: a change
+            # updates them in place (as kubectl apply does), where the provider would otherwise
+            # replace them, deleting and re-creating the object under the same name
+            enable_config_map_mutable=True,
+            enable_secret_mutable=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
         inherit = pulumi.ResourceOptions(parent=self, providers=[self.provider])
