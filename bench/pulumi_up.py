@@ -305,6 +305,44 @@ def live_objects(
     return found
 
 
+def dependencies_differ(plan: Plan, state: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
+    """Resources whose dependencies in the state are not the plan's: `<type>::<name>` -> [plan's, state's]."""
+    planned = {short(r.urn): sorted(short(d) for d in r.dependencies) for r in plan.resources}
+    out = {}
+    for r in state:
+        key = short(r["urn"])
+        got = sorted(short(d) for d in r.get("dependencies") or [])
+        if key in planned and got != planned[key]:
+            out[key] = [planned[key], got]
+    return out
+
+
+def secrets_held(
+    api: apiserver.LocalApi, stored_in: list[Path], kubeconfig: str, bundle: str
+) -> dict[str, bool]:
+    """The webhook's key pair reached its Secret whole, and neither it nor the admin's client key is in
+    the backend's or the stack files in the clear (as PEM, or base64 as a Secret or kubeconfig holds it)."""
+    from superkube.model import teams
+
+    cert, key, _ = teams.split_bundle(bundle)
+    live = json.loads(apiserver.kubectl(api, "get", "secret", teams.WEBHOOK_TLS_SECRET, "-n", "superkube-system",
+                                        "-o", "json"))  # fmt: skip
+    data = {k: base64.b64decode(v).decode() for k, v in (live.get("data") or {}).items()}
+    client_key = base64.b64decode(json.loads(kubeconfig)["users"][0]["user"]["client-key-data"]).decode()
+    stored = "".join(f.read_text(errors="replace") for d in stored_in for f in d.rglob("*") if f.is_file())
+
+    def clear(pem: str) -> bool:
+        body = "".join(line for line in pem.splitlines() if line and not line.startswith("-----"))
+        # a stretch of the key itself, past the header every PEM key shares
+        return body[10:50] in stored or base64.b64encode(pem.encode()).decode()[60:100] in stored
+
+    return {
+        "webhook_key_pair_in_its_secret": data.get("tls.crt") == cert and data.get("tls.key") == key,
+        "webhook_key_not_stored_in_the_clear": not clear(key),
+        "client_key_not_stored_in_the_clear": not clear(client_key),
+    }
+
+
 def compare(plan: Plan, api: apiserver.LocalApi) -> dict[str, Any]:
     planned = planned_objects(plan)
     live = live_objects(api, list(planned))
@@ -446,6 +484,8 @@ def run(
             "same_urns": len(urns & planned_urns),
             "urns_differing_in_parent_types": len({short(u) for u in urns - planned_urns}),
             "api_server": compare(plan, api),
+            "dependencies_differ": dependencies_differ(plan, state),
+            "secrets": secrets_held(api, [work / "state", proj / "stacks"], kubeconfig, bundle),
         }
         progress(
             f"first up: {seconds} s; {json.dumps({k: v for k, v in result['first_up'].items() if k != 'api_server'})}"
@@ -525,7 +565,8 @@ def passed(run: Mapping[str, Any]) -> bool:
     """Every check of one run held (see the module doc)."""
     first, update = run["first_up"], run["update"]
     return (
-        not first["only_in_state"] and not first["only_in_plan"]
+        not first["only_in_state"] and not first["only_in_plan"] and not first["dependencies_differ"]
+        and all(first["secrets"].values())
         and not first["api_server"]["missing"] and not first["api_server"]["differences"]
         and run["noop_up"]["no_changes"]
         and update["same"] and not update["api_server"]["missing"] and not update["api_server"]["differences"]
