@@ -19,9 +19,11 @@ and encrypted with a passphrase, in a local file backend.
 
 Checked, each against the mock engine's plan of the same stack (`superkube plan`'s engine, with
 the same secrets):
-- first `up`: the state holds exactly the plan's resources (same URNs), and every object the plan
-  lists exists in the API server with every field the plan gives it (values the server writes in
-  canonical form, such as quantities, compared as values);
+- first `up`: the state holds exactly the plan's resources (same types and names; the URNs of
+  resources below a component's child differ, see the guide) with the plan's dependencies, every
+  object the plan lists exists in the API server with every field the plan gives it (values the
+  server writes in canonical form, such as quantities, compared as values), the team webhook's
+  Secret holds the bundle's key pair, and no private key is in the backend or stack file in the clear;
 - a second `up` reports no changes (`--expect-no-changes`);
 - an update of one input (rack group b's GPU capacity moves from research to pretraining) changes
   exactly the objects whose manifests the plans before and after differ in;
