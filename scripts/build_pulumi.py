@@ -249,6 +249,7 @@ def main() -> int:
     pins = pulumi_engine.pins(ROOT / "constraints.txt")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    partial.chmod(0o755)  # mkdtemp makes it the owner's alone; the cache's other entries are readable
     log = partial / "build.log"
     bin_dir = partial / "bin"
     bin_dir.mkdir()
