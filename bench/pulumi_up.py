@@ -127,9 +127,9 @@ def moved_rack(teams: str) -> str:
 
 def project_file() -> tuple[dict[str, Any], list[str]]:
     """Pulumi.yaml as the CLI accepts it, and what had to change: the CLI's project schema types config
-    only as string, integer, boolean, array or object, and refuses the whole file for a `number` (the
-    generator in superkube.plan.schema writes one for a float key); such a key is declared a string
-    here, which the spec parses as it parses every value Pulumi hands it."""
+    only as string, integer, boolean, array or object, and refuses the whole file for a `number`. The
+    generator (superkube.plan.schema) declares a float key a string since this bench found it; should
+    a `number` come back, it is declared a string here and recorded in the results."""
     doc = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
     fixed = []
     for key, decl in (doc.get("config") or {}).items():

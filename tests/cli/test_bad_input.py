@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -69,6 +70,7 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("one-store-host", {"metrics_store_count": 1}, "superkube:metrics_store_count", "2"),
     ("breaker-above-all", {"health_max_cordoned_share": 1.5}, "superkube:health_max_cordoned_share", "1"),
     ("share-as-word", {"health_max_cordoned_share": "some"}, "superkube:health_max_cordoned_share", "number"),
+    ("region-as-list", {"region": ["eastus"]}, "superkube:region", "must be a string, got a YAML list"),
     ("unknown-key", {"colour": "blue"}, "superkube:colour", "unknown key"),
     (
         "schedule-of-four-fields",
@@ -265,6 +267,19 @@ def test_broken_stack_files(raw: str, word: str, write_stack: Callable[..., Path
     result = run_cli(["plan", "--stack", str(write_stack({}, raw=raw))])
     assert result.exit_code == 2
     assert word in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_share_written_as_a_yaml_number_plans_as_the_pulumi_cli_reads_it(
+    write_stack: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Pulumi.yaml declares the share a string (Pulumi's project schema has no `number`), and the
+    Pulumi CLI takes any scalar for a string key as its text: so does the plan."""
+    stack = write_stack({**dev_config(), "superkube:health_max_cordoned_share": 0.1})
+    result = run_cli(["plan", "--stack", str(stack), "--out", str(tmp_path / "plan.json")])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["config"]["superkube:health_max_cordoned_share"] == "0.1"  # as Pulumi hands it over
+    assert "--max-cordoned-share=0.1" in json.dumps(plan["resources"])  # the health controller's flag
 
 
 def _dev_with_line_repeated(text: str) -> tuple[str, int]:

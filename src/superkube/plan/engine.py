@@ -395,10 +395,12 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
         namespace, _, short = full.partition(":")
         if namespace == NAMESPACE and short in declared:
             want = declared[short].get("type", "string")
-            if want == "string" and not isinstance(value, str):
+            # as the Pulumi CLI does: any scalar is a string's text (a share written 0.1 is "0.1"),
+            # a mapping or a list is not
+            if want == "string" and isinstance(value, dict | list):
                 raise SpecError(
                     f"{full}",
-                    f"must be a string, got a YAML {type(value).__name__}",
+                    f"must be a string, got a YAML {'mapping' if isinstance(value, dict) else 'list'}",
                     f"write it as a block string: '{short}: |' with the YAML indented below it",
                 )
             if want == "array" and not isinstance(value, list):

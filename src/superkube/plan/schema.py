@@ -13,7 +13,8 @@ from superkube.model.spec import ARRAY_KEYS, YAML_KEYS, ClusterSpec
 HEADER = """\
 # Generated from superkube.model.spec.ClusterSpec by `superkube config-schema --write`; edit the spec, not this.
 # Pulumi types project config only as string, integer, boolean or array, so node_pools, peered_spokes
-# and limit_overrides are YAML documents held in strings (write `node_pools: |` in a stack file).
+# and limit_overrides are YAML documents held in strings (write `node_pools: |` in a stack file), and
+# a fraction (health_max_cordoned_share) is a string the program reads as a number.
 """
 
 
@@ -36,12 +37,15 @@ def _type_of(name: str) -> str:
         return "array"
     annotation = ClusterSpec.model_fields[name].annotation
     origin = typing.get_origin(annotation) or annotation
-    return {str: "string", int: "integer", float: "number", bool: "boolean"}[origin]
+    # no "number": the Pulumi CLI refuses a project whose config declares one
+    return {str: "string", int: "integer", float: "string", bool: "boolean"}[origin]
 
 
 def _default(name: str) -> Any:
     field = ClusterSpec.model_fields[name]
     value = field.get_default(call_default_factory=True)
+    if isinstance(value, float):
+        return str(value)
     if name in YAML_KEYS and not isinstance(value, str):
         return (
             yaml.safe_dump(value, sort_keys=False) if value else ("[]" if isinstance(value, list) else "{}")
