@@ -318,29 +318,40 @@ MONITORING_ROLE = yaml.safe_load(
 SHARD_PORT = MONITORING_ROLE["monitoring_prometheus_port"]  # the lab's first shard
 STORE_PORT = MONITORING_ROLE["monitoring_store_port"]  # the lab's single-node store
 _ASK = """
-import json, sys, urllib.parse, urllib.request
+import json, sys, time, urllib.parse, urllib.request
+exprs, shard, store, window, step = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+end = time.time()
 out = []
-for expr in json.load(open(sys.argv[1])):
+for expr in exprs:
     row = []
-    for port in (int(sys.argv[2]), int(sys.argv[3])):
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    for port in (shard, store):
+        query = {"query": expr, "start": end - window, "end": end, "step": step}
+        url = f"http://127.0.0.1:{port}/api/v1/query_range?" + urllib.parse.urlencode(query)
         try:
-            got = json.load(urllib.request.urlopen(url, timeout=30))
+            got = json.load(urllib.request.urlopen(url, timeout=60))
             row.append([got["status"], len(got["data"]["result"])])
         except Exception as e:  # a refused query is an HTTP 400 with the parser's error
             row.append(["error", str(getattr(e, "read", lambda: str(e).encode())().decode()[:300])])
     out.append(row)
 print(json.dumps(out))
 """
+PANEL_WINDOW_S = 3600
+"""The time range the check asks each panel for, as a dashboard's "last hour" does: a lab's run is
+shorter, so everything it scraped is in range."""
+PANEL_STEP = "30s"
+PANEL_RATE_INTERVAL = "1m"
+"""What Grafana makes `$__rate_interval` of the lab's 5 s scrapes at a 30 s step: the larger of four
+scrape intervals and the step plus one (35 s), rounded up."""
 
 
-def panels_on_the_lab(fleet: Lab, host: str, boards: set[str], rate_interval: str) -> dict[str, list[str]]:
-    """Every query of every panel of these dashboards, as Grafana sends it (its variables filled in,
-    `$__rate_interval` as the lab's run needs), asked of a Prometheus shard (it must parse) and of the
-    store the dashboards read (it must return series): the panels, by `LAB_EMPTY` key, whose every
-    query came back empty from the store, and the queries a shard or the store refused."""
+def panels_on_the_lab(fleet: Lab, host: str, boards: set[str]) -> dict[str, list[str]]:
+    """Every query of every panel of these dashboards, as Grafana sends it for a time-series panel
+    (a range query over the last hour, its variables filled in), asked of a Prometheus shard (it must
+    parse) and of the store the dashboards read (it must return series): the panels, by `LAB_EMPTY`
+    key, whose every query came back empty from the store, and the queries a shard or the store
+    refused."""
     asked = [
-        (dashboards.key(board, p), dashboards.concrete(query.expr, __rate_interval=rate_interval))
+        (dashboards.key(board, p), dashboards.concrete(query.expr, __rate_interval=PANEL_RATE_INTERVAL))
         for board in dashboards.boards()
         if board.uid in boards
         for p in board.panels()
@@ -352,7 +363,7 @@ def panels_on_the_lab(fleet: Lab, host: str, boards: set[str], rate_interval: st
         sh(
             fleet,
             host,
-            f"python3 /root/panels/ask.py /root/panels/queries.json {SHARD_PORT} {STORE_PORT}",
+            f"python3 /root/panels/ask.py /root/panels/queries.json {SHARD_PORT} {STORE_PORT} {PANEL_WINDOW_S} {PANEL_STEP}",
             timeout=300,
         )
     )

@@ -368,9 +368,9 @@ ELSEWHERE = {"superkube-network/Traffic by team"}
 
 
 def test_every_network_and_pipeline_panel_returns_data_from_the_store(mon: Lab) -> None:
-    """Each query as Grafana sends it (rates over an hour: this lab's run is minutes long) parses on a
-    shard and, but for the LAB_EMPTY panels, returns series from the store; the pods' traffic came
-    from the tests above (their series are stale now, and a rate over the hour still has them)."""
+    """Each query as Grafana sends it (a range query over the last hour) parses on a shard and, but
+    for the LAB_EMPTY panels, returns series from the store; the pods' traffic came from the tests
+    above (their series are stale now, and the hour still holds them)."""
     want = (
         {
             dashboards.key(board, p)
@@ -381,6 +381,6 @@ def test_every_network_and_pipeline_panel_returns_data_from_the_store(mon: Lab) 
         - set(dashboards.LAB_EMPTY)
         - ELSEWHERE
     )
-    got = panels_on_the_lab(mon, HOST, PANEL_BOARDS, "1h")
+    got = panels_on_the_lab(mon, HOST, PANEL_BOARDS)
     assert not got["refused"], got["refused"]
     assert not want & set(got["empty"]), f"panels with no data on the lab: {sorted(want & set(got['empty']))}"

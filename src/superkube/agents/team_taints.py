@@ -95,6 +95,10 @@ def patch(node: Mapping[str, Any], new: list[dict[str, Any]]) -> list[dict[str, 
     return [*guard, {"op": "add", "path": "/spec/taints", "value": new}]
 
 
+ACTIONS = ("add", "change", "remove")
+"""What `action` says happened to a node's team taint."""
+
+
 @dataclass
 class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -132,6 +136,8 @@ class Metrics:
             ["namespace", "team"],
             registry=self.registry,
         )
+        for what in ACTIONS:  # from 0, so the first change shows in increase() (as the other agents do)
+            self.changes.labels(what)
 
 
 @dataclass

@@ -8,9 +8,10 @@ Every panel's query is written once, below, as PromQL. What a query may name is 
 (tests/cluster/test_dashboards.py): a metric one of superkube's agents exports, a recording rule's
 (data/monitoring/rules.yml), or an upstream metric in UPSTREAM with the pinned version that exports
 it. Two lists say which panels cannot show data, and why; each such panel's description says so:
-- LAB_EMPTY: panels whose every query is empty on the lab, because only Azure, the autoscaler or a
-  GPU produces their series;
-- NOT_SCRAPED: metrics the generated Prometheus configuration does not scrape yet.
+- LAB_EMPTY: panels whose every query is empty on the lab, because only Azure, the autoscaler, a
+  GPU or the store's cluster version produces their series (the lab's tests ask every other
+  panel's queries of the lab's real shards and store: tests/lab/test_seeing_the_cluster.py);
+- NOT_SCRAPED: metrics the generated Prometheus configuration does not scrape (none now).
 
 Every selector carries `cluster=~"$cluster"` (the store may hold several clusters: each shard's
 external labels name its cluster), and `$__rate_interval` is Grafana's (at least four scrape
@@ -150,6 +151,15 @@ NOT_SCRAPED: dict[str, str] = {}
 _AUTOSCALER_ONLY = (
     "only cluster-autoscaler makes these, and it runs against Azure's scale sets; the lab runs none"
 )
+_GOVERNOR_ONLY = (
+    "the scale governor runs only beside cluster-autoscaler on the API-server hosts, and acts by "
+    "writing Azure scale sets' max tags; the lab runs neither (scale_governor_start is off there)"
+)
+_APPROVER_OUTSIDE = (
+    "the lab runs the serving-certificate approver's program from the machine that drives it (`lab "
+    "join`), not as the layer's Deployment, which would preempt the tests' pods on its one CPU node; "
+    "no scrape job reaches it there"
+)
 _CLUSTER_STORE_ONLY = (
     "only the store's cluster version has vminsert's RPC to vmstorage; the lab's store is "
     "VictoriaMetrics' single-node version (the monitoring role's lab store)"
@@ -165,10 +175,11 @@ LAB_EMPTY: dict[str, str] = {
     "superkube-autoscaling/Failed scale-ups in the last hour, by reason": _AUTOSCALER_ONLY,
     "superkube-autoscaling/Safe to autoscale, and loop errors in the last hour": _AUTOSCALER_ONLY,
     "superkube-autoscaling/Time since the autoscaler's last main loop": _AUTOSCALER_ONLY,
-    "superkube-autoscaling/Room granted, by scale set": (
-        "the governor grants room only beside the leading cluster-autoscaler, by writing Azure scale "
-        "sets' max tags; the lab runs no autoscaler"
-    ),
+    "superkube-autoscaling/Room granted, by scale set": _GOVERNOR_ONLY,
+    "superkube-autoscaling/Governors acting, held, and the budget a round may open": _GOVERNOR_ONLY,
+    "superkube-autoscaling/Max-size writes and rounds in the last hour": _GOVERNOR_ONLY,
+    "superkube-node-joins/Serving certificates decided in the last hour": _APPROVER_OUTSIDE,
+    "superkube-node-joins/Serving-certificate denials in the last hour, by reason": _APPROVER_OUTSIDE,
     "superkube-health/GPU reset requests and their end, in the last hour": _GPU_RESET_ONLY,
     "superkube-health/GPU resets in the last hour, by outcome": _GPU_RESET_ONLY,
     "superkube-monitoring/vminsert to vmstorage: rows waiting, storage hosts reachable": _CLUSTER_STORE_ONLY,
