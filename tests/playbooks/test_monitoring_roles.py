@@ -118,3 +118,33 @@ def test_each_api_server_hosts_governor_and_publisher_serve_metrics_where_the_sh
         )
         problems = [line for line in proc.stderr.splitlines() if path.name in line]
         assert proc.returncode == 0 and not problems, proc.stderr
+
+
+def test_the_pipelines_own_jobs_scrape_the_ports_its_parts_listen_on(
+    engine: wiring.Wiring, flagship_plan: Plan
+) -> None:
+    """The `prometheus` job reaches every shard where the monitoring role has it listen, and the
+    `metrics-store` job every store host's vminsert, vmselect and vmstorage where the metrics_store
+    role has them listen: the ports are read from the roles as a host gets them."""
+    monitoring_host = hosts(engine, kube.MONITORING)[0]
+    (shard,) = engine.render("monitoring", monitoring_host, ["monitoring_host_shards"])[
+        "monitoring_host_shards"
+    ]
+    config = yaml.safe_load(engine.template("monitoring", monitoring_host, "prometheus.yml.j2", item=shard))
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    listen = int(
+        engine.render("monitoring", monitoring_host, ["monitoring_prometheus_port"])[
+            "monitoring_prometheus_port"
+        ]
+    )
+    (static,) = jobs["prometheus"]["static_configs"]
+    assert sorted(static["targets"]) == sorted(
+        f"{h.address}:{listen}" for h in hosts(engine, kube.MONITORING)
+    )
+    store = hosts(engine, kube.METRICS_STORE)[0]
+    ports = engine.render("metrics_store", store, ["metrics_store_http_ports"])["metrics_store_http_ports"]
+    (static,) = jobs["metrics-store"]["static_configs"]
+    assert sorted(static["targets"]) == sorted(
+        f"{h.address}:{int(ports[part])}" for h in hosts(engine, kube.METRICS_STORE) for part in PARTS
+    )
+    assert "cluster-autoscaler" in jobs and flagship_plan.spec.autoscaler_enabled
