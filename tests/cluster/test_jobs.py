@@ -5,6 +5,7 @@ of whole GPU nodes, and jobs that can never fit fail with one line."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,73 @@ def test_the_cli_writes_the_mpijob(tmp_path: Path) -> None:
         "MPIJob",
         "allreduce",
     )
+
+
+def _launch(tmp_path: Path, hostfile: str, answers_after: dict[str, int], wait_s: int) -> tuple[str, str]:
+    """The launcher's command as rendered, run by /bin/sh with the hostfile at a path of the test's and
+    an `ssh` first on PATH that answers for a host only from its Nth try (a host not named: never);
+    it returns the command's output and the wait's stderr."""
+    (tmp_path / "hostfile").write_text(hostfile)
+    tries = tmp_path / "tries"
+    tries.mkdir()
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    ssh = bin_ / "ssh"
+    needed = " ".join(f"{h}={n}" for h, n in answers_after.items())
+    ssh.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = true ] && break; host="$a"; done\n'  # ... HOST true
+        f'echo x >> "{tries}/$host"\n'
+        f"for pair in {needed}; do\n"
+        '  [ "${pair%%=*}" = "$host" ] || continue\n'
+        f'  [ "$(wc -l < "{tries}/$host")" -ge "${{pair#*=}}" ] && exit 0\n'
+        "done\n"
+        "exit 255\n"
+    )
+    ssh.chmod(0o755)
+    job = jobs.JobSpec(
+        name="waits", image="trainer:1", command=["echo", "ran with", "$HOME"], workers=2, team="t",
+        wait_for_workers_seconds=wait_s,
+    )  # fmt: skip
+    command = jobs.launcher_command(job)
+    assert command[:2] == ["/bin/sh", "-c"] and command[4:] == job.command
+    script = command[2].replace(jobs.HOSTFILE, str(tmp_path / "hostfile"))
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", jobs.WAIT_SECONDS_ENV: str(wait_s)}
+    proc = subprocess.run(
+        [command[0], command[1], script, *command[3:]], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, proc.stderr
+
+
+def test_the_launcher_waits_until_every_worker_answers_over_ssh(tmp_path: Path) -> None:
+    """mpirun started before a worker's name resolves fails at once and spends a retry: the launcher
+    first tries each host of the operator's hostfile (OpenMPI's `name slots=N`, Intel's `name:N`)
+    until ssh runs there, then runs the job's command with its arguments as given."""
+    out, err = _launch(tmp_path, "w-0.svc slots=8\nw-1.svc:8\n", {"w-0.svc": 2, "w-1.svc": 3}, 120)
+    assert out == "ran with $HOME\n" and err == ""
+    assert {p.name: len(p.read_text().split()) for p in (tmp_path / "tries").iterdir()} == {
+        "w-0.svc": 2,
+        "w-1.svc": 3,
+    }
+
+
+def test_a_worker_that_never_answers_ends_the_wait_with_one_line(tmp_path: Path) -> None:
+    out, err = _launch(tmp_path, "w-0.svc slots=8\nw-1.svc slots=8\n", {"w-0.svc": 1}, 1)
+    assert out == "ran with $HOME\n"
+    assert err.strip().splitlines() == [
+        "superkube: worker w-1.svc did not answer over SSH within 1s; running the command all the same"
+    ]
+
+
+def test_no_wait_leaves_the_command_as_given(tmp_path: Path) -> None:
+    _, spec, _ = planning.load(ROOT, "dev")
+    mpijob = jobs.render(jobs.load(job_file(tmp_path, wait_for_workers_seconds=0)), spec)
+    launcher = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"] == jobs.load(ALLREDUCE).command
+    assert jobs.WAIT_SECONDS_ENV not in {e["name"] for e in launcher.get("env", [])}
+    assert jobs.problems(mpijob, spec.kubernetes_version) == []
+    waits = jobs.render(jobs.load(ALLREDUCE), spec)
+    launcher = waits["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert {"name": jobs.WAIT_SECONDS_ENV, "value": "300"} in launcher["env"]
+    assert jobs.problems(waits, spec.kubernetes_version) == []

@@ -253,6 +253,12 @@ def finished(fleet: Lab, name: str, timeout: float = 300) -> dict[str, Any]:
         time.sleep(2)
 
 
+def launcher_runs(fleet: Lab, name: str) -> int:
+    """How many times the job's launcher ran: its pods' container starts, failed pods' included."""
+    pods = get(fleet, "-n", TEAM, "pods", "-l", f"batch.kubernetes.io/job-name={name}-launcher")["items"]
+    return sum(1 + s.get("restartCount", 0) for p in pods for s in p["status"].get("containerStatuses", []))
+
+
 def launcher_log(fleet: Lab, name: str) -> str:
     """The log of the job's newest launcher pod (its last run, when the pod ran more than once)."""
     pods = get(fleet, "-n", TEAM, "pods", "-l", f"batch.kubernetes.io/job-name={name}-launcher")["items"]
@@ -310,6 +316,11 @@ def test_an_mpijob_runs_to_succeeded_through_the_real_operator_scheduler_and_dns
     )
     assert report["sum"] == report["expected"] == 10 and report["ranks"] == 4, report
     assert sorted(report["hosts"]) == sorted(workers), (report["hosts"], list(workers))
+    # its first run was the one: the launcher waited for its workers instead of racing them
+    assert launcher_runs(trainer, name) == 1, (
+        get(trainer, "-n", TEAM, "job", f"{name}-launcher")["status"],
+        log,
+    )
     nodes_used = {p["spec"]["nodeName"] for p in workers.values()}
     assert nodes_used == {"gpu-1", "gpu-2"}, nodes_used
     for where in report["where"]:  # each rank on its worker's own pod IP, one of its node's VNet IPs
@@ -390,7 +401,9 @@ def test_two_jobs_that_each_want_every_gpu_never_deadlock(trainer: Lab) -> None:
             break
         assert time.monotonic() < deadline, (bound, [s.get("status") for s in states])
         time.sleep(0.5)
-    assert all(condition(s, "Succeeded") for s in states), [s.get("status") for s in states]
+    assert all(condition(s, "Succeeded") for s in states), [
+        (s.get("status"), launcher_log(trainer, n)) for n, s in zip(names, states, strict=True)
+    ]
     assert seen_alone, "neither job was seen running whole while the other waited with nothing bound"
     print(
         f"\n  two whole-capacity jobs: {sorted(seen_alone)} seen running while the other waited; both Succeeded"

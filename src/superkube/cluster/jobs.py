@@ -23,7 +23,13 @@ made again by the operator (and gang-scheduled as a member of the job's running 
 
 The launcher is created at startup (launcherCreationPolicy AtStartup): with WaitForWorkersReady
 the launcher, a member of the gang, would wait for workers that themselves wait at Permit for the
-whole gang, launcher included, and the job would never start.
+whole gang, launcher included, and the job would never start. Started beside its workers, though,
+mpirun races them: a worker's name resolves only once its pod is ready (its Service publishes no
+addresses before), and ssh does not retry a name that does not resolve, so a launcher that starts
+first fails at once and spends the job's retries before any rank ran (the MPI Operator leaves that
+to the launcher Job's retries). So the launcher first waits, at most `wait_for_workers_seconds`, until
+every host of its hostfile answers over SSH as mpirun will reach it, then runs the job's command
+(after the wait with a line saying which worker did not answer, and mpirun says the rest).
 """
 
 from __future__ import annotations
@@ -98,6 +104,15 @@ class JobSpec(BaseModel):
         description="Memory each worker asks for and is held to (a Kubernetes quantity); default: the whole node's less the node agents'.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment of every container.")
+    wait_for_workers_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86_400,
+        description=(
+            "How long the launcher waits for every worker to answer over SSH before it runs the command "
+            "(0: no wait); mpirun started before a worker is ready fails and spends a retry."
+        ),
+    )
 
     @field_validator("name")
     @classmethod
@@ -254,6 +269,34 @@ def _container(name: str, job: JobSpec, command: list[str], resources: dict[str,
     return container
 
 
+HOSTFILE = "/etc/mpi/hostfile"
+"""Where the MPI Operator mounts the job's hostfile in the launcher (`name slots=N` for OpenMPI,
+`name:N` for Intel MPI and MPICH)."""
+WAIT_SECONDS_ENV = "SUPERKUBE_WAIT_FOR_WORKERS_SECONDS"
+WAIT_FOR_WORKERS = f"""\
+deadline=$(( $(date +%s) + ${{{WAIT_SECONDS_ENV}}} ))
+for host in $(sed -e 's/[: ].*//' {HOSTFILE}); do
+  until ssh -o BatchMode=yes -o ConnectTimeout=5 "$host" true </dev/null >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "superkube: worker $host did not answer over SSH within ${{{WAIT_SECONDS_ENV}}}s; running the command all the same" >&2
+      break
+    fi
+    sleep 2
+  done
+done
+exec "$@"
+"""
+"""The launcher's wait (POSIX sh, the tools an MPI image has): each host of the hostfile in turn until
+ssh, configured as the image configures it for mpirun, runs `true` there; then the job's command."""
+
+
+def launcher_command(job: JobSpec) -> list[str]:
+    """The launcher's command: the job's, after the wait for its workers (none when the wait is 0)."""
+    if not job.wait_for_workers_seconds:
+        return list(job.command)
+    return ["/bin/sh", "-c", WAIT_FOR_WORKERS, "superkube-wait-for-workers", *job.command]
+
+
 def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
     """The MPIJob of a job description on this stack, or a JobError saying why it can never run."""
     pool = _pool(job, spec)
@@ -271,7 +314,7 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
             _container(
                 "launcher",
                 job,
-                job.command,
+                launcher_command(job),
                 {
                     "requests": {"cpu": job.launcher_cpu, "memory": job.launcher_memory},
                     "limits": {"memory": job.launcher_memory},
@@ -280,6 +323,10 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
         ],
         "tolerations": tolerations,
     }
+    if job.wait_for_workers_seconds:
+        launcher_spec["containers"][0].setdefault("env", []).append(
+            {"name": WAIT_SECONDS_ENV, "value": str(job.wait_for_workers_seconds)}
+        )
     launcher_pool = _launcher_pool(spec)
     if launcher_pool:  # the launcher needs no GPU: keep it off the GPU nodes
         launcher_spec["nodeSelector"] = {POOL_LABEL: launcher_pool.name}
