@@ -161,7 +161,12 @@ def control_plane(labs: Labs) -> Lab:
 def kubectl(
     fleet: Lab, *args: str, stdin: str | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """The lab's built kubectl as the admin, from the switch namespace (where the API's address is)."""
+    """The lab's built kubectl as the admin, from the switch namespace (where the API's address is).
+    A command given its own --timeout (wait, rollout status, delete) is given that and half a minute
+    more, so that kubectl's own answer, not the test's clock, says what it waited for."""
+    for arg in args:
+        if arg.startswith("--timeout=") and (told := re.fullmatch(r"(\d+)s", arg.removeprefix("--timeout="))):
+            timeout = max(timeout, int(told.group(1)) + 30)
     return subprocess.run(
         [*layer.kubectl(fleet), *args], input=stdin, capture_output=True, text=True, timeout=timeout
     )

@@ -135,6 +135,7 @@ def test_ordinary_pods_are_scheduled_before_the_layer_and_after_the_podgroup_crd
         again = runner.converge(fleet.inventory, tags="kube_apiserver", limit=first)
         assert again.ok, {n: (h.task, h.message) for n, h in again.hosts.items() if not h.healthy}
         assert again.hosts[first].changed > 0  # the CRD applied anew
+        assert "Apply them (once per cluster)" in again.hosts[first].changed_tasks, again.hosts[first]
         crd = get(fleet, "crd", PODGROUPS)
         assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
         ok(fleet, "create", "-f", "-", stdin=_probe_pod("after-crd-restored", fleet))

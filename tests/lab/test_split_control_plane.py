@@ -164,7 +164,7 @@ def test_a_second_converge_changes_nothing_and_keeps_every_cert(
     again = runner.converge(control_plane.inventory, limit=",".join(limit))
     assert again.ok, {n: (h.task, h.message) for n, h in again.hosts.items() if not h.healthy}
     assert sorted(again.hosts) == limit
-    assert {n: h.changed for n, h in again.hosts.items() if h.changed} == {}
+    assert {n: h.changed_tasks for n, h in again.hosts.items() if h.changed} == {}
     assert _pki_digest(control_plane) == converged["pki"]
     assert {"etcd/ca.crt", "etcd/ca.key", "kubernetes/ca.crt", "kubernetes/ca.key"} <= set(converged["pki"])
     for host, digest in on_host.items():

@@ -131,6 +131,20 @@ def probe_objects(fleet: Lab, pool: str) -> str:
     return yaml.safe_dump_all([deployment, budget])
 
 
+def probe_pods_and_nodes(fleet: Lab, pool: str) -> dict[str, Any]:
+    """Where the probe's pods are and why not (their conditions), and the pool's nodes' state."""
+    pods = get(fleet, "-n", "kube-system", "pods", "-l", f"app={PROBE}")["items"]
+    nodes_ = get(fleet, "nodes", "-l", f"{POOL_LABEL}={pool}")["items"]
+    return {
+        "pods": [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("conditions")) for p in pods],
+        "nodes": [
+            (n["metadata"]["name"], n["spec"].get("unschedulable", False), n["spec"].get("taints"),
+             [c["type"] for c in n["status"].get("conditions", []) if c["status"] == "True"])
+            for n in nodes_
+        ],
+    }  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def upgrade(labs: Labs, control_plane: Lab) -> dict[str, Any]:
     labs.apply(control_plane)
@@ -156,7 +170,8 @@ def upgrade(labs: Labs, control_plane: Lab) -> dict[str, Any]:
         group_vars.unlink()
     fleet = load()
     ok(fleet, "apply", "-f", "-", stdin=probe_objects(fleet, pool))
-    ok(fleet, "-n", "kube-system", "rollout", "status", f"deployment/{PROBE}", "--timeout=120s")
+    rolled = kubectl(fleet, "-n", "kube-system", "rollout", "status", f"deployment/{PROBE}", "--timeout=120s")
+    assert rolled.returncode == 0, (rolled.stdout, rolled.stderr, probe_pods_and_nodes(fleet, pool))
     before = {
         "versions": {m.name: m.version for m in scaleout.LabPool(fleet, pool).members()},
         "created": created(fleet),

@@ -80,6 +80,7 @@ class HostResult:
     skipped: int = 0
     task: str = ""  # the task the host is on (live), or its last one
     message: str = ""  # the first failure or unreachable message
+    changed_tasks: list[str] = field(default_factory=list)  # the tasks that changed something, in order
 
     @property
     def healthy(self) -> bool:
@@ -172,7 +173,9 @@ def converge(
             row.task = data.get("task", row.task)
             if kind == "runner_on_ok":
                 row.ok += 1
-                row.changed += bool((data.get("res") or {}).get("changed"))
+                if (data.get("res") or {}).get("changed"):
+                    row.changed += 1
+                    row.changed_tasks.append(data.get("task", ""))
             elif kind == "runner_on_skipped":
                 row.skipped += 1
             elif kind == "runner_on_failed" and not data.get("ignore_errors"):
