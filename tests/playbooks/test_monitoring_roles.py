@@ -1,22 +1,30 @@
 """The monitoring and metrics_store roles as a cluster's hosts get them, rendered offline by the roles'
 own templates over the flagship's inventory: each Prometheus host's shard config passes promtool and
 writes to a store host; each store host's units pass systemd-analyze and reach every store host; the
-host services on the API-server hosts serve /metrics where the shards scrape them."""
+host services on the API-server hosts serve /metrics where the shards scrape them; each monitoring
+host's Grafana runs the checked release with the files `superkube monitoring render` writes."""
 
 from __future__ import annotations
 
+import configparser
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
+from typer.testing import CliRunner
 
-from superkube.cluster import kube, wiring
+from superkube.cli import app
+from superkube.cluster import dashboards, kube, wiring
+from superkube.fleet.usage import metrics_store_query_url
 from superkube.plan.engine import Plan
 from tests.cluster.test_prometheus import checkable, promtool
+from tests.conftest import ROOT
 
 PARTS = ("vmstorage", "vminsert", "vmselect")
+MONITORING_ROLE = wiring.PLAYBOOKS / "roles" / "monitoring"
 
 
 def hosts(engine: wiring.Wiring, group: str) -> list[wiring.PlanHost]:
@@ -148,3 +156,147 @@ def test_the_pipelines_own_jobs_scrape_the_ports_its_parts_listen_on(
         f"{h.address}:{int(ports[part])}" for h in hosts(engine, kube.METRICS_STORE) for part in PARTS
     )
     assert "cluster-autoscaler" in jobs and flagship_plan.spec.autoscaler_enabled
+
+
+# --- Grafana ---------------------------------------------------------------------------------------
+
+
+def grafana_tasks() -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = yaml.safe_load((MONITORING_ROLE / "tasks" / "grafana.yml").read_text())
+    return tasks
+
+
+def grafana_task(module: str) -> dict[str, Any]:
+    (task,) = [t for t in grafana_tasks() if module in t]
+    return task
+
+
+def test_each_monitoring_hosts_grafana_unit_passes_systemd_and_runs_the_release_with_its_config(
+    engine: wiring.Wiring, tmp_path: Path
+) -> None:
+    """The unit runs `grafana server` from the unpacked release with the role's grafana.ini, whose
+    provisioning folder is where the dashboards' files go and whose data folder is the unit's state
+    directory; anonymous access and reporting are off; systemd reads the unit as written."""
+    # the role writes the configuration where the unit reads it
+    written = {
+        t["ansible.builtin.template"]["src"]: t["ansible.builtin.template"]["dest"]
+        for t in grafana_tasks()
+        if "ansible.builtin.template" in t
+    }
+    assert written == {
+        "grafana.ini.j2": "{{ monitoring_grafana_config }}",
+        "superkube-grafana.service.j2": "/etc/systemd/system/superkube-grafana.service",
+    }
+    for host in hosts(engine, kube.MONITORING):
+        names = ["monitoring_grafana_home", "monitoring_grafana_config", "monitoring_grafana_data_dir"]
+        got = engine.render("monitoring", host, names)
+        home, config_path, data = (str(got[n]) for n in names)
+        assert home == "/opt/superkube-grafana/v11.6.0"
+        unit = engine.template("monitoring", host, "superkube-grafana.service.j2")
+        (exec_start,) = re.findall(r"^ExecStart=(\S+)(.*)$", unit, re.M)
+        binary, flags = exec_start[0], exec_start[1].split()
+        assert binary == f"{home}/bin/grafana"
+        assert flags == ["server", f"--homepath={home}", f"--config={config_path}"]
+        assert re.findall(r"^User=(.*)$", unit, re.M) == ["grafana"]
+        (state,) = re.findall(r"^StateDirectory=(.*)$", unit, re.M)
+        assert data == f"/var/lib/{state}"
+
+        config = configparser.ConfigParser()
+        config.read_string(engine.template("monitoring", host, "grafana.ini.j2"))
+        assert config["server"]["http_port"] == "3000"
+        assert config["paths"]["provisioning"] == f"{dashboards.GRAFANA_DIR}/provisioning"
+        assert config["paths"]["data"] == data
+        assert config["analytics"]["reporting_enabled"] == "false"
+        assert config["auth.anonymous"]["enabled"] == "false"
+
+        # systemd reads the unit as written; only the release's binary is swapped for one that is here
+        path = tmp_path / "superkube-grafana.service"
+        path.write_text(unit.replace(binary, shutil.which("true") or "/bin/true"))
+        proc = subprocess.run(
+            ["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60
+        )
+        problems = [line for line in proc.stderr.splitlines() if path.name in line]
+        assert proc.returncode == 0 and not problems, proc.stderr
+
+
+def test_each_monitoring_hosts_grafana_files_are_what_monitoring_render_writes(
+    engine: wiring.Wiring, flagship_plan: Plan, tmp_path: Path
+) -> None:
+    """The dashboards and provisioning files the role copies under GRAFANA_DIR are, path for path and
+    byte for byte, what `superkube monitoring render --stack flagship` writes under grafana/: the same
+    dashboards, the same provider and a datasource at the flagship store's query URL."""
+    out = tmp_path / "monitoring"
+    result = CliRunner().invoke(
+        app, ["monitoring", "render", "--stack", "flagship", "--project", str(ROOT), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    grafana = out / "grafana"
+    rendered = {str(p.relative_to(grafana)): p.read_text() for p in grafana.rglob("*") if p.is_file()}
+    assert len(rendered) == len(dashboards.boards()) + 2
+    store = metrics_store_query_url(flagship_plan.spec, flagship_plan.addresses)
+    first_store = flagship_plan.addresses.metrics_store_ips[0]
+    assert store == f"http://{first_store}:{kube.VMSELECT_PORT}/select/0/prometheus"
+
+    copy = grafana_task("ansible.builtin.copy")
+    assert copy["loop"] == "{{ monitoring_grafana_files | dict2items }}"
+    assert copy["ansible.builtin.copy"]["dest"] == "{{ monitoring_grafana_dir }}/{{ item.key }}"
+    for host in hosts(engine, kube.MONITORING):
+        got = engine.render(
+            "monitoring",
+            host,
+            ["monitoring_grafana_files", "monitoring_grafana_dir", "monitoring_grafana_store_url"],
+        )
+        assert got["monitoring_grafana_dir"] == dashboards.GRAFANA_DIR
+        assert got["monitoring_grafana_store_url"] == store
+        assert got["monitoring_grafana_files"] == rendered, host.name
+    (source,) = yaml.safe_load(rendered["provisioning/datasources/superkube.yml"])["datasources"]
+    assert source["url"] == store and source["uid"] == dashboards.DATASOURCE_UID
+
+
+def test_the_grafana_tarball_is_checked_against_the_sha256_published_beside_it(engine: wiring.Wiring) -> None:
+    """get_url fetches the release's tarball for the host's architecture and checks it against the
+    file Grafana publishes at the tarball's URL + .sha256 (as the Prometheus release is checked
+    against its published checksums); the release is unpacked into its versioned folder."""
+    fetch = grafana_task("ansible.builtin.get_url")["ansible.builtin.get_url"]
+    assert fetch["url"] == "{{ monitoring_grafana_url }}"
+    assert fetch["checksum"] == "{{ monitoring_grafana_checksum }}"
+    unpack = grafana_task("ansible.builtin.unarchive")["ansible.builtin.unarchive"]
+    assert unpack["dest"] == "{{ monitoring_grafana_home }}" and unpack["remote_src"] is True
+    host = hosts(engine, kube.MONITORING)[0]
+    for architecture, arch in (("x86_64", "amd64"), ("aarch64", "arm64")):
+        got = engine.render(
+            "monitoring",
+            host,
+            ["monitoring_grafana_url", "monitoring_grafana_checksum"],
+            ansible_facts={"architecture": architecture},
+        )
+        url = got["monitoring_grafana_url"]
+        assert url == f"https://dl.grafana.com/oss/release/grafana-11.6.0.linux-{arch}.tar.gz"
+        assert got["monitoring_grafana_checksum"] == f"sha256:{url}.sha256"
+
+
+def test_no_grafana_task_runs_in_the_lab(engine: wiring.Wiring) -> None:
+    """Every Grafana task and its handler run only where monitoring_grafana_install holds: a
+    cluster's monitoring hosts, never the lab's (which can neither fetch nor run Grafana)."""
+    main = yaml.safe_load((MONITORING_ROLE / "tasks" / "main.yml").read_text())
+    assert {
+        "name": "Grafana",
+        "ansible.builtin.import_tasks": "grafana.yml",
+        "tags": ["monitoring_grafana"],
+    } in main
+    handlers = yaml.safe_load((MONITORING_ROLE / "handlers" / "main.yml").read_text())
+    (handler,) = [h for h in handlers if h["name"] == "Restart grafana"]
+    for task in [*grafana_tasks(), handler]:
+        assert task["when"] == "monitoring_grafana_install | bool", task["name"]
+    # no other task file of the role touches Grafana
+    for path in (MONITORING_ROLE / "tasks").glob("*.yml"):
+        if path.name not in ("grafana.yml", "main.yml"):
+            assert "grafana" not in path.read_text().lower(), path.name
+    host = hosts(engine, kube.MONITORING)[0]
+    assert engine.render("monitoring", host, ["monitoring_grafana_install"]) == {
+        "monitoring_grafana_install": True
+    }
+    lab = engine.render(
+        "monitoring", host, ["monitoring_grafana_install", "monitoring_grafana_files"], superkube_lab=True
+    )
+    assert lab == {"monitoring_grafana_install": False, "monitoring_grafana_files": {}}

@@ -138,6 +138,8 @@ def metrics_store_write_urls(spec: ClusterSpec, addresses: AddressPlan) -> list[
 
 def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     """The wiring facts the roles read (inventory vars, without the superkube_ prefix)."""
+    from superkube.fleet.usage import metrics_store_query_url  # (it imports this module)
+
     return {
         "apiserver_port": APISERVER_PORT,
         "etcd_client_port": ETCD_CLIENT_PORT,
@@ -156,6 +158,8 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "prometheus_ips": [str(ip) for ip in addresses.prometheus_ips],
         "metrics_store_ips": [str(ip) for ip in addresses.metrics_store_ips],
         "metrics_store_write_urls": metrics_store_write_urls(spec, addresses),
+        # where Grafana's datasource reads them ("" when a store the spec names does not say)
+        "metrics_store_query_url": metrics_store_query_url(spec, addresses),
         "vminsert_port": VMINSERT_PORT,
         "vmselect_port": VMSELECT_PORT,
         "vmstorage_insert_port": VMSTORAGE_INSERT_PORT,
