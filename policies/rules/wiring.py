@@ -359,7 +359,7 @@ def _lab_only(view: StackView, config: RuleConfig, r: _Rendered) -> Iterator[Fin
             if field in document and document[field] == lab_value:
                 yield Finding(
                     f"the kubelet configuration sets {field}: {json.dumps(lab_value)}, a value only the lab "
-                    "may set (its hosts' kernel mounts cgroup v1; nodes run cgroup v2)",
+                    f"may set ({kube.LAB_ONLY_KUBELET_WHY[field]})",
                     urn,
                 )
         for name, lab_value in kube.LAB_ONLY_NODE_SOFTWARE.items():
@@ -504,10 +504,11 @@ RULES = [
     Rule(
         "wiring-lab-only",
         "critical",
-        "No stack's nodes carry a value only the lab may set: failCgroupV1: false in the kubelet's "
-        "configuration, or containerd's restricted OOM scores and runc without session keyrings.",
-        "Drop failCgroupV1 from kubelet_extra_config and the node_software_restrict_oom_score_adj and "
-        "node_software_no_new_keyring variables; node images run cgroup v2 on VMs.",
+        "No stack's nodes carry a value only the lab may set: failCgroupV1: false, image garbage "
+        "collection off or the lab's disk eviction thresholds in the kubelet's configuration, or "
+        "containerd's restricted OOM scores and runc without session keyrings.",
+        "Drop those from kubelet_extra_config and the node_software_restrict_oom_score_adj and "
+        "node_software_no_new_keyring variables; node images run cgroup v2 on VMs with disks of their own.",
         _lab_only,
     ),
     Rule(

@@ -184,6 +184,13 @@ CASES: list[
         "wiring-lab-only",
     ),
     (
+        "group var: the lab's image garbage collection off",
+        None,
+        None,
+        {"kubelet_extra_config": {"imageGCHighThresholdPercent": 100}},
+        "wiring-lab-only",
+    ),
+    (
         "group var: the lab's container runtime allowance",
         None,
         None,

@@ -72,9 +72,30 @@ SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluste
 # node is behind the preflight taint, when no pod that needs an IP lands; counting it would let the
 # scheduler place one pod more than the NIC has IPs for.
 HOST_NETWORK_PODS = {"gpu": 2, "cpu": 1}
-# Kubelet values only the lab sets (its hosts share a kernel that mounts cgroup v1 controllers, which
-# Kubernetes 1.35 refuses by default); the wiring-lab-only rule keeps them out of every stack.
-LAB_ONLY_KUBELET_CONFIG = {"failCgroupV1": False}
+# Kubelet values only the lab sets, each for what a node VM does not share; the wiring-lab-only rule
+# keeps them out of every stack (LAB_ONLY_KUBELET_WHY says why each is the lab's).
+LAB_ONLY_KUBELET_CONFIG: dict[str, object] = {
+    "failCgroupV1": False,
+    "imageGCHighThresholdPercent": 100,
+    "evictionHard": {
+        "memory.available": "100Mi",
+        "nodefs.available": "1%",
+        "nodefs.inodesFree": "5%",
+        "imagefs.available": "1%",
+        "imagefs.inodesFree": "5%",
+    },
+}
+LAB_ONLY_KUBELET_WHY = {
+    "failCgroupV1": "the lab's hosts share a kernel that mounts cgroup v1 controllers, which Kubernetes "
+    "1.35 refuses by default; nodes run cgroup v2",
+    # a machine whose disk is 82 % used (CI's was) is near the defaults: image GC at 85 % used, the
+    # disk-pressure taint below 15 % free; past them the kubelets deleted the images converge imports
+    # and tainted new nodes unschedulable
+    "imageGCHighThresholdPercent": "the lab's nodes are containers on one machine's disk, whose use is "
+    "the machine's, not a node's; a node's image GC frees its own disk",
+    "evictionHard": "the lab's nodes are containers on one machine's disk, whose free space is the "
+    "machine's, not a node's; a node evicts on its own disk's pressure at the kubelet's defaults",
+}
 # node_software values only the lab sets: its hosts are containers, which may neither lower an OOM
 # score nor make kernel keyrings (the same rule keeps them off in every stack).
 LAB_ONLY_NODE_SOFTWARE = {"node_software_restrict_oom_score_adj": True, "node_software_no_new_keyring": True}
