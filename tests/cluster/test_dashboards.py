@@ -3,8 +3,8 @@ grafana-foundation-sdk reads back every dashboard as it was written, promtool pa
 every metric a query names is one an agent of ours exports, a recording rule records or a pinned
 upstream version exports, and `superkube monitoring render` writes them with Grafana's provisioning.
 
-That a panel returns data from the lab's real store (or is in LAB_EMPTY) needs a running lab with a
-monitoring host: tests/lab/test_monitoring.py checks the network and pipeline dashboards; these tests
+That every panel returns data from the lab's real store (or is in LAB_EMPTY) needs a running lab with
+a monitoring host: tests/lab/test_seeing_the_cluster.py and tests/lab/test_monitoring.py; these tests
 need none.
 """
 

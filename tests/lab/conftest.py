@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +17,21 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from modules.platform import monitoring_access
 from superkube.cli import app
 from superkube.cluster import dashboards
-from superkube.cluster.kube import IPTABLES_EXPORTER_PORT
+from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, MONITORING, PROMETHEUS_PKI_DIR, SYSTEM_NAMESPACE
 from superkube.fleet import converge as runner
 from superkube.lab import hosts as lab
 from superkube.lab import layer, machines, processes
 from superkube.lab.state import STATE_DIR, Lab
 
+PROMETHEUS_TOKEN = f"{monitoring_access.NAME}-token"
+
 # the control plane, and one node of each kind plus the NAT host to join it
 # (the second GPU node joins in test_running_the_agents, watched, behind a preflight that fails first)
-CONTROL_PLANE = "gpu_nodes=2,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2"
+# (and a monitoring host, scraping it all once the layer gives it a token: Labs.apply)
+CONTROL_PLANE = "gpu_nodes=2,cpu_nodes=1,nat_host=1,etcd_main=5,etcd_events=3,apiservers=2,monitoring=1"
 POD_NETWORK = "gpu_nodes=2,monitoring=1"  # two nodes of one pool, Prometheus + store (+ hub client, internet)
 ORDER = {
     POD_NETWORK: ("test_monitoring.py", "test_pod_network.py"),
@@ -42,6 +48,7 @@ ORDER = {
         "test_running_the_agents.py",
         "test_training_job.py",
         "test_health_loop.py",
+        "test_seeing_the_cluster.py",
         "test_split_control_plane.py",
         "test_scaling_out.py",
         "test_upgrading_nodes.py",
@@ -111,6 +118,8 @@ class Labs:
             result = CliRunner().invoke(app, ["lab", "apply", "--output", "json"])
             assert result.exit_code == 0, result.output
             self.applied = list(json.loads(result.stdout))
+            if any(h.group == MONITORING for h in fleet.hosts):
+                watch_the_cluster(fleet)
         return self.applied
 
     def retried(self, fleet: Lab, first: runner.ConvergeResult, retry: runner.ConvergeResult) -> None:
@@ -124,6 +133,27 @@ class Labs:
             status=retry.status,
             playbook=first.playbook,
         )
+
+
+def watch_the_cluster(fleet: Lab) -> None:
+    """Give the lab's monitoring hosts what an operator places after the layer's first apply (the
+    cluster CA and the Prometheus token, modules/platform/monitoring_access.py), and converge them: the
+    monitoring role then scrapes every job, with nodes and agents' pods discovered from the API server.
+    A later converge finds them placed and changes nothing."""
+    ca = (fleet.inventory.parent / "pki" / "kubernetes" / "ca.crt").read_text()
+    deadline = time.monotonic() + 60
+    while not (
+        token := ok(
+            fleet, "-n", SYSTEM_NAMESPACE, "get", "secret", PROMETHEUS_TOKEN, "-o", "jsonpath={.data.token}"
+        )
+    ):
+        assert time.monotonic() < deadline, f"the token controller never filled {PROMETHEUS_TOKEN}"
+        time.sleep(1)
+    for host in (h.name for h in fleet.hosts if h.group == MONITORING):
+        machines.put(fleet, host, f"{PROMETHEUS_PKI_DIR}/ca.crt", ca)
+        machines.put(fleet, host, f"{PROMETHEUS_PKI_DIR}/token", base64.b64decode(token).decode())
+    done = runner.converge(fleet.inventory, tags="monitoring", limit=MONITORING)
+    assert done.ok, {n: (h.task, h.message) for n, h in done.hosts.items() if not h.healthy}
 
 
 @pytest.fixture(scope="session")
@@ -292,6 +322,19 @@ MONITORING_ROLE = yaml.safe_load(
 )
 SHARD_PORT = MONITORING_ROLE["monitoring_prometheus_port"]  # the lab's first shard
 STORE_PORT = MONITORING_ROLE["monitoring_store_port"]  # the lab's single-node store
+
+
+def from_the_store(fleet: Lab, query: str) -> list[dict[str, Any]]:
+    """The series an instant query of the lab's store returns, asked on its monitoring host."""
+    host = next(h.name for h in fleet.hosts if h.group == MONITORING)
+    text = sh(
+        fleet,
+        host,
+        f"curl -sf http://127.0.0.1:{STORE_PORT}/api/v1/query --data-urlencode {shlex.quote('query=' + query)}",
+    )
+    return list(json.loads(text)["data"]["result"])
+
+
 _ASK = """
 import json, sys, time, urllib.parse, urllib.request
 exprs, shard, store, window, step = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]

@@ -362,7 +362,7 @@ def test_killing_one_shard_stales_only_its_targets_and_the_store_keeps_what_it_h
 
 
 # what this lab shows: the network dashboard (pods here send known traffic) and the pipeline's own;
-# the team join needs the team reconciler, which only a lab with the in-cluster layer runs
+# the control-plane lab checks the rest (test_seeing_the_cluster), the team join among them
 PANEL_BOARDS = {"superkube-network", "superkube-monitoring"}
 ELSEWHERE = {"superkube-network/Traffic by team"}
 

@@ -3,7 +3,8 @@
 
 - preflight: a GPU node joins behind the preflight taint; its preflight pod (the lab's stand-in for
   the burn: superkube.lab.agent_pods) keeps the taint while the node's GPUs fail, lifts it through the
-  real API once they pass, and its own credentials cannot touch another node;
+  real API once they pass, and its own credentials cannot touch another node; the lab's monitoring
+  host scrapes the failing agent (the join dashboard's panels and the PreflightFailures alert);
 - the team webhook: the real API server calls it (at its pod's IP) for a pod in a team's namespace,
   and the pod ends up with its team's tolerations;
 - health: a fatal reading on one node gets that node cordoned and its pod evicted, and nothing else.
@@ -33,13 +34,14 @@ from superkube.lab.state import Lab
 from superkube.model import teams
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.model.vmsizes import size
-from tests.lab.conftest import Labs, NodeWatch, get, kubectl, ok, sh
+from tests.lab.conftest import Labs, NodeWatch, from_the_store, get, kubectl, ok, sh
 from tests.lab.test_running_control_plane import admin_files, with_token
 
 __all__ = ["admin_files"]  # a fixture this module uses
 
 JOINED = ("gpu-1", "cpu-1")  # joined by test_running_nodes (or here, when this module runs alone)
 LATE = "gpu-2"  # joins here, watched
+PREFLIGHT_GAUGE = "superkube_preflight_api_up"  # a preflight agent's, while it runs
 TEAM = "research"  # a team of the flagship stack's team capacity
 T = TypeVar("T")
 
@@ -170,6 +172,18 @@ def test_a_gpu_node_joins_behind_preflight_which_lifts_the_taint_once_its_gpus_p
             other.stderr
         )
         assert "Forbidden" in other.stderr or "forbidden" in other.stderr, other.stderr
+
+        # the cluster's Prometheus sees the failing preflight (the join dashboard's agents panel and the
+        # PreflightFailures alert read it): the store holds its gauge over more than one dashboard step
+        wait_for(
+            f"{LATE}: the failing preflight in the metrics store",
+            lambda: [
+                s
+                for s in from_the_store(agents, f"count_over_time({PREFLIGHT_GAUGE}[5m])")
+                if int(s["value"][1]) >= 3
+            ],
+            timeout=120,
+        )
 
         set_reading(agents, LATE, "healthy")  # the GPU is back: the next round passes
         passed = wait_for(

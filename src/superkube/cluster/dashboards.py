@@ -9,8 +9,8 @@ Every panel's query is written once, below, as PromQL. What a query may name is 
 (data/monitoring/rules.yml), or an upstream metric in UPSTREAM with the pinned version that exports
 it. Two lists say which panels cannot show data, and why; each such panel's description says so:
 - LAB_EMPTY: panels whose every query is empty on the lab, because only Azure, the autoscaler, a
-  GPU or the store's cluster version produces their series (the lab's tests ask the network and
-  pipeline dashboards' queries of the lab's real shards and store: tests/lab/test_monitoring.py);
+  GPU or the store's cluster version produces their series (the lab's tests ask every other
+  panel's queries of the lab's real shards and store: tests/lab/test_seeing_the_cluster.py);
 - NOT_SCRAPED: metrics the generated Prometheus configuration does not scrape (none now).
 
 Every selector carries `cluster=~"$cluster"` (the store may hold several clusters: each shard's
