@@ -30,8 +30,7 @@ from typer.testing import CliRunner
 
 from superkube.cli import app
 from superkube.cli.usage import human
-from superkube.cluster.kube import VMSELECT_PORT
-from superkube.fleet.usage import metrics_store_query_url, query_url_of_write_url
+from superkube.cluster.kube import VMSELECT_PORT, metrics_store_query_url, query_url_of_write_url
 from superkube.plan import engine as planning
 from tests.conftest import ROOT, dev_config
 

@@ -28,7 +28,7 @@ from superkube.agents import iptables_exporter
 from superkube.cli import app
 from superkube.cluster import dashboards, monitoring
 from superkube.cluster.autoscaling import VERSION as AUTOSCALER_VERSION
-from superkube.fleet.usage import metrics_store_query_url
+from superkube.cluster.kube import metrics_store_query_url
 from superkube.plan import engine as planning
 from tests.conftest import ROOT
 

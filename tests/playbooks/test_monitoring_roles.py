@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from superkube.cli import app
 from superkube.cluster import dashboards, kube, wiring
-from superkube.fleet.usage import metrics_store_query_url
+from superkube.cluster.kube import metrics_store_query_url
 from superkube.plan.engine import Plan
 from tests.cluster.test_prometheus import checkable, promtool
 from tests.conftest import ROOT

@@ -43,7 +43,7 @@ def monitoring_render(
     """
 
     from superkube.cluster import dashboards, monitoring
-    from superkube.fleet.usage import metrics_store_query_url
+    from superkube.cluster.kube import metrics_store_query_url
     from superkube.plan import engine as planning
 
     if out_dir is not None:

@@ -136,8 +136,9 @@ def usage(
 def _store(url: str | None, stack: str | None, project: Path | None) -> Store:
     """The store to ask: --store, else the stack's, else the one of the fleet the default inventory
     lists (a running lab's); one line and exit 2 when none is known."""
+    from superkube.cluster.kube import metrics_store_query_url
     from superkube.fleet import converge as fleet
-    from superkube.fleet.usage import Store, inventory_store, metrics_store_query_url
+    from superkube.fleet.usage import Store, inventory_store
 
     cluster = None
     if stack is not None:
