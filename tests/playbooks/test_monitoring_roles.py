@@ -208,6 +208,12 @@ def test_each_monitoring_hosts_grafana_unit_passes_systemd_and_runs_the_release_
         assert config["paths"]["data"] == data
         assert config["analytics"]["reporting_enabled"] == "false"
         assert config["auth.anonymous"]["enabled"] == "false"
+        # never Grafana's default first login: a password the role makes once per host, kept after
+        assert config["security"]["admin_password"] == f"$__file{{{dashboards.GRAFANA_DIR}/admin-password}}"
+        (made,) = [
+            t["ansible.builtin.copy"] for t in grafana_tasks() if t["name"] == "Make Grafana's admin password"
+        ]
+        assert made["force"] is False and made["mode"] == "0640" and made["group"] == "grafana"
 
         # systemd reads the unit as written; only the release's binary is swapped for one that is here
         path = tmp_path / "superkube-grafana.service"
@@ -237,7 +243,7 @@ def test_each_monitoring_hosts_grafana_files_are_what_monitoring_render_writes(
     first_store = flagship_plan.addresses.metrics_store_ips[0]
     assert store == f"http://{first_store}:{kube.VMSELECT_PORT}/select/0/prometheus"
 
-    copy = grafana_task("ansible.builtin.copy")
+    (copy,) = [t for t in grafana_tasks() if "ansible.builtin.copy" in t and "loop" in t]
     assert copy["loop"] == "{{ monitoring_grafana_files | dict2items }}"
     assert copy["ansible.builtin.copy"]["dest"] == "{{ monitoring_grafana_dir }}/{{ item.key }}"
     for host in hosts(engine, kube.MONITORING):
