@@ -202,7 +202,8 @@ def _ci_rows() -> list[tuple[str, str, str]]:
             room = target - minutes
             rows.append((
                 "room in the warm budget for the next lab-testing issues, at the allowance of each",
-                f"{room:.1f} min; {ALLOWANCE_MIN} min each, {int(room // ALLOWANCE_MIN)} such issues",
+                f"{room:.1f} min; {ALLOWANCE_MIN} min each, {int(room // ALLOWANCE_MIN)} such "
+                + ("issue" if int(room // ALLOWANCE_MIN) == 1 else "issues"),
                 "ci_time.json, bench/ci_time.py",
             ))  # fmt: skip
     return rows
