@@ -71,8 +71,8 @@ def monitoring_render(
         f"{plural(spec.prometheus_shards, 'Prometheus shard config')}, "
         f"{plural(len(written) - spec.prometheus_shards, 'rule file')} and "
         f"{plural(grafana.dashboards, 'Grafana dashboard')} with Grafana's provisioning under {out_dir}; "
-        f"check them with promtool check config / test rules; copy grafana/ to {dashboards.GRAFANA_DIR} "
-        "on the monitoring hosts"
+        "check them with promtool check config / test rules; the monitoring role writes the same files "
+        f"on the monitoring hosts (grafana/ in {dashboards.GRAFANA_DIR}, which its Grafana reads)"
     )
     if not store:
         out.print(
