@@ -159,9 +159,36 @@ def metrics_store_write_urls(spec: ClusterSpec, addresses: AddressPlan) -> list[
     ]
 
 
+def metrics_store_query_url(spec: ClusterSpec, addresses: AddressPlan) -> str:
+    """Where the cluster's metrics are read: the base of the store's Prometheus query API (queries go
+    to `<url>/api/v1/query`). This cluster's own store: vmselect on its first store host (every host's
+    vmselect reads every vmstorage). A store the spec names: where its remote-write URL says it
+    answers queries; "" when the URL does not say."""
+    if not spec.metrics_store_url:
+        return f"http://{addresses.metrics_store_ips[0]}:{VMSELECT_PORT}/select/0/prometheus"
+    return query_url_of_write_url(spec.metrics_store_url)
+
+
+def query_url_of_write_url(url: str) -> str:
+    """The query API beside a remote-write URL: VictoriaMetrics' cluster version reads a tenant's
+    series at vmselect's `/select/<tenant>/prometheus` (port 8481 where vminsert's is its default
+    8480; another port is a proxy in front of both); Prometheus' receiver and single-node
+    VictoriaMetrics answer queries where `/api/v1/write` is taken; "" for any other URL."""
+    parts = urllib.parse.urlsplit(url)
+    if cluster := re.fullmatch(r"(.*)/insert/(\d+)/prometheus/api/v1/write/?", parts.path):
+        netloc = parts.netloc
+        if parts.port == VMINSERT_PORT:
+            netloc = netloc.removesuffix(f":{VMINSERT_PORT}") + f":{VMSELECT_PORT}"
+        return urllib.parse.urlunsplit(
+            (parts.scheme, netloc, f"{cluster[1]}/select/{cluster[2]}/prometheus", "", "")
+        )
+    if single := re.fullmatch(r"(.*)/api/v1/write/?", parts.path):
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, single[1], "", ""))
+    return ""
+
+
 def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     """The wiring facts the roles read (inventory vars, without the superkube_ prefix)."""
-
     return {
         "apiserver_port": APISERVER_PORT,
         "etcd_client_port": ETCD_CLIENT_PORT,
@@ -272,31 +299,3 @@ def pool_group(role: str) -> str:
 def etcd_group(role: str) -> str:
     """The group of an etcd cluster's members: etcd_main or etcd_events."""
     return f"etcd_{role}"
-
-
-def metrics_store_query_url(spec: ClusterSpec, addresses: AddressPlan) -> str:
-    """Where the cluster's metrics are read: the base of the store's Prometheus query API (queries go
-    to `<url>/api/v1/query`). This cluster's own store: vmselect on its first store host (every host's
-    vmselect reads every vmstorage). A store the spec names: where its remote-write URL says it
-    answers queries; "" when the URL does not say."""
-    if not spec.metrics_store_url:
-        return f"http://{addresses.metrics_store_ips[0]}:{VMSELECT_PORT}/select/0/prometheus"
-    return query_url_of_write_url(spec.metrics_store_url)
-
-
-def query_url_of_write_url(url: str) -> str:
-    """The query API beside a remote-write URL: VictoriaMetrics' cluster version reads a tenant's
-    series at vmselect's `/select/<tenant>/prometheus` (port 8481 where vminsert's is its default
-    8480; another port is a proxy in front of both); Prometheus' receiver and single-node
-    VictoriaMetrics answer queries where `/api/v1/write` is taken; "" for any other URL."""
-    parts = urllib.parse.urlsplit(url)
-    if cluster := re.fullmatch(r"(.*)/insert/(\d+)/prometheus/api/v1/write/?", parts.path):
-        netloc = parts.netloc
-        if parts.port == VMINSERT_PORT:
-            netloc = netloc.removesuffix(f":{VMINSERT_PORT}") + f":{VMSELECT_PORT}"
-        return urllib.parse.urlunsplit(
-            (parts.scheme, netloc, f"{cluster[1]}/select/{cluster[2]}/prometheus", "", "")
-        )
-    if single := re.fullmatch(r"(.*)/api/v1/write/?", parts.path):
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, single[1], "", ""))
-    return ""
