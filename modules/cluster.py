@@ -53,13 +53,6 @@ def etcd_clusters(plan: AddressPlan) -> tuple[tuple[Literal["main", "events"], t
     return (("main", plan.etcd_main_ips), ("events", plan.etcd_events_ips))
 
 
-VIRTUAL_MACHINE_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"
-"""Azure's built-in role that may resize scale sets (and nothing outside VMs)."""
-TAG_CONTRIBUTOR = "4a9ae827-6dc8-4573-8ac7-8239d42aa03f"
-"""Built-in role: tags through the Tags API (Microsoft.Resources/tags/*), which Virtual Machine
-Contributor does not grant; the scale-up governor sets the scale sets' max tags so."""
-
-
 def governed_maxes(spec: ClusterSpec, plan: AddressPlan) -> dict[str, int] | None:
     """Each autoscaled scale set's first `max` tag where the scale-up governor runs: its min plus an
     even share of one refresh's room, so the autoscaler's first look cannot see a set's whole capacity.
@@ -164,33 +157,39 @@ class Cluster(pulumi.ComponentResource):
             )
 
         self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
+        self.autoscaler_role_definition: authorization.RoleDefinition | None = None
         self.autoscaler_role: authorization.RoleAssignment | None = None
-        self.governor_role: authorization.RoleAssignment | None = None
         autoscaler_tags: dict[str, pulumi.Input[str]] = {}
         if spec.autoscaler_enabled:
             self.autoscaler_identity = user_identity("autoscaler")
-            identity = self.autoscaler_identity
-
-            def grant(what: str, role: str) -> authorization.RoleAssignment:
-                """`role` for the identity on the cluster's resource group (a stable assignment name)."""
-                return authorization.RoleAssignment(
-                    f"{name}-{what}-role",
-                    role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{what}")),
-                    principal_id=identity.principal_id,
-                    principal_type="ServicePrincipal",
-                    role_definition_id=subscription_id.apply(
-                        lambda sub: (
-                            f"/subscriptions/{sub}/providers/Microsoft.Authorization/roleDefinitions/{role}"
-                        )
-                    ),
-                    scope=self.group.id,
-                    opts=child(self),
-                )
-
-            self.autoscaler_role = grant("autoscaler", VIRTUAL_MACHINE_CONTRIBUTOR)
-            if spec.autoscaler_governor:
-                # the governor beside it writes the scale sets' max tags as the same identity
-                self.governor_role = grant("governor", TAG_CONTRIBUTOR)
+            # one custom role with what the autoscaler, the join-token publisher and the governor
+            # call (superkube.cluster.autoscaling.ROLE_ACTIONS says which call needs which), where a
+            # built-in role such as Virtual Machine Contributor could delete any VM of the group
+            self.autoscaler_role_definition = authorization.RoleDefinition(
+                f"{name}-autoscaler-role-definition",
+                role_definition_id=str(
+                    uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler-role")
+                ),
+                role_name=f"superkube {cluster} autoscaler",
+                description="Resize, list and delete instances of the cluster's scale sets; nothing else.",
+                role_type="CustomRole",
+                permissions=[authorization.PermissionArgs(actions=list(autoscaling.role_actions(spec)))],
+                assignable_scopes=[self.group.id],
+                scope=self.group.id,
+                opts=child(self),
+            )
+            self.autoscaler_role = authorization.RoleAssignment(
+                f"{name}-autoscaler-role",
+                # a new name: an assignment cannot change its role in place
+                role_assignment_name=str(
+                    uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler-custom-role")
+                ),
+                principal_id=self.autoscaler_identity.principal_id,
+                principal_type="ServicePrincipal",
+                role_definition_id=self.autoscaler_role_definition.id,
+                scope=self.group.id,
+                opts=child(self),
+            )
             autoscaler_tags = {
                 autoscaling.IDENTITY_TAG: self.autoscaler_identity.client_id,
                 autoscaling.SCOPE_TAG: self.group.id,

@@ -19,6 +19,12 @@ from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.vmsizes import GPU_RESOURCE
 
 CUSTOM_DATA_PROPERTY = "virtualMachineProfile.osProfile.customData"
+OS_IMAGE_NOTICE = "PT15M"
+"""How long a reimage or OS upgrade waits for its scheduled event to be approved: the one value
+Compute's API takes (osImageNotificationProfile.notBeforeTimeout, "must be 15 minutes";
+https://learn.microsoft.com/rest/api/compute/virtual-machine-scale-sets/create-or-update#osimagenotificationprofile,
+https://learn.microsoft.com/azure/virtual-machine-scale-sets/virtual-machine-scale-sets-terminate-notification
+for the terminate notice beside it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,11 +186,15 @@ class NodePool(pulumi.ComponentResource):
                     upgrade_policy=compute.UpgradePolicyArgs(mode=compute.UpgradeMode.MANUAL),
                     virtual_machine_profile=compute.VirtualMachineScaleSetVMProfileArgs(
                         # a Terminate scheduled event before any delete (the autoscaler's, remediation's,
-                        # a person's), which the node's health agent drains the node for and approves
+                        # a person's), which the node's health agent drains the node for and approves;
+                        # and one before a reimage or OS upgrade replaces the OS disk
                         scheduled_events_profile=compute.ScheduledEventsProfileArgs(
                             terminate_notification_profile=compute.TerminateNotificationProfileArgs(
                                 enable=True, not_before_timeout=f"PT{args.terminate_notice_minutes}M"
-                            )
+                            ),
+                            os_image_notification_profile=compute.OSImageNotificationProfileArgs(
+                                enable=True, not_before_timeout=OS_IMAGE_NOTICE
+                            ),
                         ),
                         os_profile=compute.VirtualMachineScaleSetOSProfileArgs(
                             computer_name_prefix=plan.computer_name_prefix,

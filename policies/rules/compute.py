@@ -249,9 +249,14 @@ def _notice_minutes(value: object) -> int | None:
 def _terminate_notification(view: StackView, config: RuleConfig) -> Iterator[Finding]:
     low, high = TERMINATE_NOTICE_MIN
     for s in view.of_type(VMSS):
-        profile = ((s.props.get("virtualMachineProfile") or {}).get("scheduledEventsProfile") or {}).get(
-            "terminateNotificationProfile"
-        ) or {}
+        events = (s.props.get("virtualMachineProfile") or {}).get("scheduledEventsProfile") or {}
+        if (events.get("osImageNotificationProfile") or {}).get("enable") is not True:
+            yield Finding(
+                "scale set reimages or upgrades VMs' OS without a scheduled event "
+                "(osImageNotificationProfile.enable is not true)",
+                s.urn,
+            )
+        profile = events.get("terminateNotificationProfile") or {}
         if profile.get("enable") is not True:
             yield Finding("scale set deletes VMs without a terminate notification", s.urn)
             continue
@@ -345,9 +350,12 @@ RULES = [
         "high",
         "Every scale set tells its VMs before deleting one (a Terminate scheduled event) and waits 5 to 15 "
         "minutes, so the node's health agent has it cordoned and drained and then approves the delete: "
-        "the drain takes about three minutes with the agents' minute-long rounds and a pod's 30 s grace.",
+        "the drain takes about three minutes with the agents' minute-long rounds and a pod's 30 s grace. "
+        "It also announces a reimage or OS upgrade (osImageNotificationProfile enabled), which replaces "
+        "the OS disk under a running job.",
         "Set superkube:terminate_notice_minutes between 5 and 15 (10 by default); superkube writes the scale "
-        "sets' scheduledEventsProfile from it.",
+        "sets' scheduledEventsProfile from it, the OS image notice included (PT15M, the one value Azure takes); "
+        "re-plan rather than editing the profile by hand.",
         _terminate_notification,
     ),
 ]

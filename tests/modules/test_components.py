@@ -349,30 +349,63 @@ def test_every_machines_role_tag_is_an_inventory_group(any_plan: Plan) -> None:
 
 
 def test_the_autoscalers_identity_may_resize_and_tag_in_its_group_only(any_plan: Plan) -> None:
-    """The autoscaler's identity on the API-server VMs holds two roles on the cluster's resource
-    group: Virtual Machine Contributor for the autoscaler's resizes and Tag Contributor for the
-    governor's max tags (the Tags API needs Microsoft.Resources/tags/write, which the first does not
-    grant). Remediation's identity holds one custom role there, and nothing else."""
-    from modules.cluster import TAG_CONTRIBUTOR, VIRTUAL_MACHINE_CONTRIBUTOR
-    from superkube.cluster import remediation
+    """The autoscaler's identity on the API-server VMs holds one custom role on the cluster's resource
+    group, with the pinned autoscaler's actions (and the governor's tag write where it runs), and no
+    built-in role; remediation's identity holds a custom role of its own there, and nothing else."""
+    from policies.rules.iam import broad_builtin_role
+    from superkube.cluster import autoscaling, remediation
 
     roles = any_plan.of_type("azure-native:authorization:RoleAssignment")
     (group,) = [
         g for g in any_plan.of_type("azure-native:resources:ResourceGroup") if not g.name.endswith("-hub-rg")
     ]
-    (custom,) = any_plan.of_type("azure-native:authorization:RoleDefinition")
-    (mine,) = [r for r in roles if r.inputs["roleDefinitionId"] == custom.id]
-    builtin = [r for r in roles if r is not mine]
-    assert sorted(r.inputs["roleDefinitionId"].rsplit("/", 1)[1] for r in builtin) == sorted(
-        [VIRTUAL_MACHINE_CONTRIBUTOR, TAG_CONTRIBUTOR]
-    )
+    definitions = {
+        d.name.rsplit("-", 3)[-3]: d for d in any_plan.of_type("azure-native:authorization:RoleDefinition")
+    }
+    assert set(definitions) == {"autoscaler", "remediation"}
+    assert [r for r in roles if broad_builtin_role(r.inputs["roleDefinitionId"])] == []
+    by_definition = {r.inputs["roleDefinitionId"]: r for r in roles}
+    assert len(by_definition) == len(roles) == 2
+    autoscaler, mine = (by_definition[definitions[k].id] for k in ("autoscaler", "remediation"))
     assert {r.inputs["scope"] for r in roles} == {group.id}
-    assert len({r.inputs["principalId"] for r in builtin}) == 1
-    assert mine.inputs["principalId"] not in {r.inputs["principalId"] for r in builtin}, (
-        "an identity of its own"
+    assert mine.inputs["principalId"] != autoscaler.inputs["principalId"], "an identity of its own"
+    assert any_plan.spec.autoscaler_governor
+    assert definitions["autoscaler"].inputs["permissions"] == [
+        {"actions": [*autoscaling.ROLE_ACTIONS, "Microsoft.Resources/tags/write"]}
+    ]
+    assert definitions["remediation"].inputs["permissions"] == [{"actions": list(remediation.ROLE_ACTIONS)}]
+    for d in definitions.values():
+        assert d.inputs["roleType"] == "CustomRole"
+        assert d.inputs["assignableScopes"] == [group.id] and d.inputs["scope"] == group.id
+        assert not any("*" in a for a in d.inputs["permissions"][0]["actions"])
+
+
+def test_the_autoscalers_role_has_no_tag_write_without_the_governor(dev_plan: Plan) -> None:
+    from superkube.cluster import autoscaling
+    from superkube.model.spec import from_config
+
+    config = {k.partition(":")[2]: v for k, v in dev_plan.config.items()}
+    with_governor = from_config({**config, "autoscaler_governor": "true"})
+    without = from_config({**config, "autoscaler_governor": "false"})
+    assert autoscaling.role_actions(with_governor) == (
+        *autoscaling.ROLE_ACTIONS,
+        "Microsoft.Resources/tags/write",
     )
-    assert custom.inputs["permissions"] == [{"actions": list(remediation.ROLE_ACTIONS)}]
-    assert custom.inputs["assignableScopes"] == [group.id] and custom.inputs["scope"] == group.id
+    assert autoscaling.role_actions(without) == autoscaling.ROLE_ACTIONS
+
+
+def test_every_scale_set_announces_deletes_and_os_image_changes(any_plan: Plan) -> None:
+    """A Terminate notice of the stack's minutes and an OS image notice of the one timeout Azure takes."""
+    from modules.compute.node_pool import OS_IMAGE_NOTICE
+
+    assert OS_IMAGE_NOTICE == "PT15M"
+    for s in any_plan.of_type(VMSS):
+        events = s.inputs["virtualMachineProfile"]["scheduledEventsProfile"]
+        assert events["terminateNotificationProfile"] == {
+            "enable": True,
+            "notBeforeTimeout": f"PT{any_plan.spec.terminate_notice_minutes}M",
+        }
+        assert events["osImageNotificationProfile"] == {"enable": True, "notBeforeTimeout": "PT15M"}
 
 
 def test_each_pool_kind_has_a_gallery_image_definition_and_marketplace_pools_keep_their_image(

@@ -16,6 +16,7 @@ Doc = dict[str, Any]
 VM = "azure-native:compute:VirtualMachine"
 VMSS = "azure-native:compute:VirtualMachineScaleSet"
 NIC = "azure-native:network:NetworkInterface"
+ROLE_ASSIGNMENT = "azure-native:authorization:RoleAssignment"
 
 
 def of(doc: Doc, type_: str, role: str | None = None) -> list[dict[str, Any]]:
@@ -342,6 +343,24 @@ def no_terminate_notification(doc: Doc) -> None:
     gpu_vmss(doc)["inputs"]["virtualMachineProfile"].pop("scheduledEventsProfile")
 
 
+def no_os_image_notification(doc: Doc) -> None:
+    """A scale set whose reimage or OS upgrade replaces a node's OS disk with no scheduled event first."""
+    events = gpu_vmss(doc)["inputs"]["virtualMachineProfile"]["scheduledEventsProfile"]
+    events["osImageNotificationProfile"]["enable"] = False
+
+
+VIRTUAL_MACHINE_CONTRIBUTOR = "9980e02c-c2be-4d73-94e8-173b1dc7cf3c"  # Azure's built-in role ID
+
+
+def builtin_contributor_on_the_group(doc: Doc) -> None:
+    """The autoscaler's identity given Virtual Machine Contributor on the group instead of its custom role."""
+    (assignment,) = [r for r in of(doc, ROLE_ASSIGNMENT) if r["name"].endswith("-autoscaler-role")]
+    subscription = assignment["inputs"]["scope"].split("/resourceGroups/")[0]
+    assignment["inputs"]["roleDefinitionId"] = (
+        f"{subscription}/providers/Microsoft.Authorization/roleDefinitions/{VIRTUAL_MACHINE_CONTRIBUTOR}"
+    )
+
+
 def join_token_in_custom_data(doc: Doc) -> None:
     """A bootstrap kubeconfig planned into a scale set's custom data (and so kept in Pulumi's state)."""
     vmss = gpu_vmss(doc)
@@ -450,6 +469,7 @@ BY_RULE: dict[str, Callable[[Doc], None]] = {
     "compute-vmss-join-jitter": no_join_jitter,
     "compute-vmss-custom-data-no-credentials": join_token_in_custom_data,
     "compute-vmss-terminate-notification": no_terminate_notification,
+    "iam-role-assignment-no-builtin-contributor": builtin_contributor_on_the_group,
     "hygiene-resource-required-tags": missing_owner_tag,
     "wiring-apiserver-endpoint": move_apiserver_lb,
     "wiring-service-cidr": service_route_elsewhere,

@@ -72,6 +72,12 @@ SCENARIOS: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("no owner tag", m.missing_owner_tag, "hygiene-resource-required-tags"),
     ("VNet over its IP limit", m.vnet_over_ip_limit, "network-vnet-ip-limit"),
     ("301 IPs on a NIC", m.nic_over_ip_limit, "network-nic-ip-limit"),
+    (
+        "Virtual Machine Contributor for the autoscaler",
+        m.builtin_contributor_on_the_group,
+        "iam-role-assignment-no-builtin-contributor",
+    ),
+    ("no OS image notice", m.no_os_image_notification, "compute-vmss-terminate-notification"),
 ]
 
 

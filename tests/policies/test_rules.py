@@ -39,7 +39,7 @@ def test_rules_are_named_area_resource_rule_and_documented() -> None:
     for r in ALL_RULES:
         area, resource, rest = r.name.split("-", 2)
         assert (
-            area in {"topology", "network", "compute", "hygiene", "wiring", "platform", "monitoring"}
+            area in {"topology", "network", "compute", "iam", "hygiene", "wiring", "platform", "monitoring"}
             and resource
             and rest
         )
@@ -89,6 +89,62 @@ def test_peered_group_limit_fires_when_other_spokes_fill_the_hub(
     crowded = dataclasses.replace(dev_config, other_spokes_ips=127_990)
     (finding,) = findings(rule, dev_doc, crowded)
     assert "128,000" in finding.message
+
+
+def test_the_terminate_rule_wants_the_os_image_notice_too(
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig
+) -> None:
+    from tests.policies.mutations import no_os_image_notification
+
+    rule = RULES["compute-vmss-terminate-notification"]
+    doc = copy.deepcopy(dev_doc)
+    no_os_image_notification(doc)
+    (finding,) = findings(rule, doc, dev_config)
+    assert "osImageNotificationProfile.enable" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("role", "scope", "fires"),
+    [
+        ("b24988ac-6180-42a0-ab88-20f7382dd24c", "/subscriptions/s", "Contributor"),
+        ("8e3af657-a8ff-443c-a75c-2fe8c4bcb635", "/subscriptions/s/resourceGroups/rg-dev", "Owner"),
+        (
+            "4A9AE827-6DC8-4573-8AC7-8239D42AA03F",
+            "/subscriptions/s/resourceGroups/rg-dev/",
+            "Tag Contributor",
+        ),
+        (
+            "4d97b98b-1d4f-4787-a291-c67834d212e7",
+            "/providers/Microsoft.Management/managementGroups/m",
+            "Network",
+        ),
+        # a built-in role on one resource, and a reader anywhere, are left alone
+        ("4d97b98b-1d4f-4787-a291-c67834d212e7", "/subscriptions/s/resourceGroups/rg/providers/x/y/z", None),
+        ("acdd72a7-3385-48ef-bd42-f606fba81ae7", "/subscriptions/s", None),
+    ],
+)
+def test_a_broad_builtin_role_on_a_group_or_wider_is_refused(
+    dev_doc: dict[str, Any], dev_config: policy.RuleConfig, role: str, scope: str, fires: str | None
+) -> None:
+    rule = RULES["iam-role-assignment-no-builtin-contributor"]
+    doc = copy.deepcopy(dev_doc)
+    assignment = next(r for r in doc["resources"] if r["type"] == "azure-native:authorization:RoleAssignment")
+    assignment["inputs"]["roleDefinitionId"] = (
+        f"/subscriptions/s/providers/Microsoft.Authorization/roleDefinitions/{role}"
+    )
+    assignment["inputs"]["scope"] = scope
+    found = findings(rule, doc, dev_config)
+    if fires is None:
+        assert found == []
+        return
+    (finding,) = found
+    assert (
+        assignment["name"] in finding.message and fires in finding.message and role.lower() in finding.message
+    )
+    assert (
+        "custom role" in finding.message
+        and "Microsoft.Compute/virtualMachineScaleSets/write" in finding.message
+    )
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,47 @@ IDENTITY_TAG = "superkube-autoscaler-identity"
 SCOPE_TAG = "superkube-autoscaler-scope"
 """Tag on the API-server VMs: the resource group (ID) whose scale sets the autoscaler resizes."""
 
+# What the pinned release's Azure provider calls for Uniform scale sets found by tags, as the role
+# sets it up (ARM_VM_TYPE=vmss; no dynamic SKU list, no VMs pools, no Flexible sets). Files are
+# cluster-autoscaler/cloudprovider/azure/ at tag cluster-autoscaler-<VERSION> in kubernetes/autoscaler.
+ROLE_ACTIONS = (
+    # azure_cache.go fetchScaleSets: the scale sets of the group (List), each refresh; discovery reads
+    # their tags. azure_scale_set.go getCurSize (Spot sets) and retryCreateOrUpdateWithFreshETag: Get
+    "Microsoft.Compute/virtualMachineScaleSets/read",
+    # azure_scale_set.go initCreateOrUpdate: the capacity PUT (SKU and location only) of IncreaseSize
+    # and AtomicIncreaseSize; the join-token publisher's PATCH of the model's custom data, same identity
+    "Microsoft.Compute/virtualMachineScaleSets/write",
+    # azure_scale_set.go GetScaleSetVms: the instances with their instance view (ListVMInstanceView),
+    # for buildScaleSetCacheForUniform
+    "Microsoft.Compute/virtualMachineScaleSets/virtualMachines/read",
+    # azure_force_delete_scale_set.go deleteInstances (from azure_scale_set.go DeleteInstances):
+    # BeginDeleteInstances, the scale-down and the removal of nodes that never registered
+    "Microsoft.Compute/virtualMachineScaleSets/delete/action",
+    # azure_cache.go fetchVirtualMachines: lists the group's VMs on every refresh whatever the VM type,
+    # and fetchAzureResources fails the refresh when it cannot
+    "Microsoft.Compute/virtualMachines/read",
+    # the pollers of the two long operations above (waitForCreateOrUpdateInstances,
+    # waitForDeleteInstances, AtomicIncreaseSize) read Compute's operation status
+    "Microsoft.Compute/locations/operations/read",
+)
+"""The autoscaler identity's custom role, on the cluster's resource group: what cluster-autoscaler
+(and the join-token publisher beside it) call, and nothing else. Not in it: Microsoft.Compute/skus/read
+(azure_cache.go fetchSKUs runs only with AZURE_ENABLE_DYNAMIC_INSTANCE_LIST, which the role does not
+set; scale-from-zero uses the static size list and the node-template tags), NICs, disks and
+standalone VM deletes (azure_util.go, for the `standard` VM type only)."""
+GOVERNOR_ACTIONS = (
+    # superkube.agents.scale_governor AzureTags.set_max: PATCH
+    # <scale set>/providers/Microsoft.Resources/tags/default (Tags, Update At Scope, Merge)
+    "Microsoft.Resources/tags/write",
+)
+"""Added to the same role where the scale-up governor runs: it writes the scale sets' `max` tags."""
+
+
+def role_actions(spec: ClusterSpec) -> tuple[str, ...]:
+    """The actions of the autoscaler identity's custom role for this stack."""
+    return ROLE_ACTIONS + (GOVERNOR_ACTIONS if spec.autoscaler_governor else ())
+
+
 ENABLED_TAG = "cluster-autoscaler-enabled"
 NAME_TAG = "cluster-autoscaler-name"
 
