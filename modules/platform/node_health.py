@@ -14,19 +14,22 @@ thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a th
 - health (superkube.agents.node_health), on every node of every pool (a CPU pool's without NVML):
   writes its node's verdict on its own Node (a watch on that one object;
   `superkube-node-health-own-node` lets it set its two annotations there and nothing else). Beside
-  the GPUs it checks the host, with read-only access to exactly what those checks read:
-  HEALTH_FS_DIR, an empty directory on the root filesystem (its fullness and its filesystem's
-  read-only flag, followed into the agent as the host mounts change), and the directory of the
-  node's kernel log (KERNEL_LOG_DIR, kernel messages only, for I/O errors). On the host network it
-  also asks the kubelet's and containerd's loopback endpoints whether they answer, opens a TCP
-  connection to the API servers' load balancer, reads the routing table and its VM's scheduled
-  events from the instance metadata.
+  the GPUs it checks the host, with read-only access to exactly what those checks read: an empty
+  directory on each filesystem the node keeps state on (FILESYSTEMS: root, the kubelet's,
+  containerd's and a data disk's; its fullness and read-only flag, followed into the agent as the
+  host mounts change; one that is no filesystem of its own is judged once, as the one it is on),
+  and the directory of the node's kernel log (KERNEL_LOG_DIR, kernel messages only, for I/O
+  errors). On the host network it also asks the kubelet's and containerd's loopback endpoints
+  whether they answer, opens a TCP connection to the API servers' load balancer and to the kubelet
+  port of a few peers of its pool (`peers`; learnt from one label-selected list with a limit, about
+  hourly), reads the routing table and its VM's scheduled events from the instance metadata.
 - the health controller (superkube.agents.health_controller, a Deployment of two, one leading by a
   Lease): follows the GPU nodes with one watch, cordons the nodes reported fatal and evicts their
   pods through the Eviction API, behind the breaker per pool; fenced by
   `superkube-node-health-controller-nodes` (only nodes reported fatal; cordon, never uncordon) and
   `superkube-node-health-evictions` (workload namespaces only). Fleet-wide facts live there, not in
-  a DaemonSet: no node agent reads the fleet.
+  a DaemonSet: no node agent reads the fleet (the health agent lists at most a page of its own
+  pool, about hourly, for its peers).
 - the GPU reset (superkube.agents.gpu_reset, a DaemonSet per GPU pool whose pods run only on nodes
   the controller labelled `superkube.io/gpu-reset=requested`): resets a drained node's GPUs once when
   every fatal finding is one a reset may clear, and records the outcome on its own node; the one
@@ -48,6 +51,7 @@ from modules.platform.balloons import tolerations as pool_tolerations
 from modules.platform.foundation import GPU_TEST_PRIORITY, NAMESPACE, NODE_AGENT_PRIORITY
 from modules.platform.objects import Manifest
 from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE
+from superkube.agents.host_checks import MIN_PEERS
 from superkube.cluster import autoscaling, health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
 from superkube.cluster.kube import (
@@ -77,6 +81,7 @@ HEALTH_CONTROLLER = "superkube-node-health-controller"
 CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
 REMEDIATION_FENCE_NAME = "superkube-remediation-nodes"
+LEDGER_NAMESPACE = "kube-system"  # remediation's ledger beside the autoscaler's lease it leads by
 GPU_RESET = "superkube-gpu-reset"
 GPU_RESET_FENCE = "superkube-gpu-reset-own-node"
 # where health may never evict: the control plane's add-ons and superkube's own pods
@@ -92,10 +97,23 @@ SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/tmp"}
 BURN_MEMORY = "16Gi"
 BURN_CPU = "2"
 AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
-# the host as the health agent sees it (read-only): an empty directory on the root filesystem, and
-# the kernel log's directory
-HEALTH_FS_DIR = "/var/lib/superkube/health"
-HOST_FS = "/host/fs/root"
+# the host as the health agent sees it (read-only): an empty directory on each filesystem it watches,
+# and the kernel log's directory
+HEALTH_FS_DIR = health.HEALTH_FS_DIR
+KUBELET_DIR = "/var/lib/kubelet"  # the kubelet role's kubelet_state_dir
+CONTAINERD_DIR = "/var/lib/containerd"  # containerd's root (the role's config keeps the default)
+DATA_DIR = "/var/lib/data"  # the data_disk role's default mount: a pool's data disk, where it has one
+WATCHED = "superkube-health"  # the empty directory the agent watches on each of those
+FILESYSTEMS = (
+    ("root", HEALTH_FS_DIR),
+    ("kubelet", f"{KUBELET_DIR}/{WATCHED}"),
+    ("containerd", f"{CONTAINERD_DIR}/{WATCHED}"),
+    ("data", f"{DATA_DIR}/{WATCHED}"),
+)
+"""(name, host directory) of each filesystem the health agent watches, root first: one on the same
+filesystem as a name before it (no disk of its own there) is watched once, under that name."""
+HOST_FS_DIR = "/host/fs"
+HOST_FS = f"{HOST_FS_DIR}/root"
 HOST_LOG = "/host/log"
 ADM_GID = 4  # the group that reads the system's logs on Ubuntu and Debian (the kernel log's group)
 BURN_RESOURCES = {"requests": {"cpu": BURN_CPU, "memory": BURN_MEMORY}, "limits": {"memory": BURN_MEMORY}}
@@ -110,6 +128,9 @@ class NodeHealthArgs:
     """HOST:PORT of the API servers' load balancer, which the health agent checks it can reach."""
     scheduled_events: bool = True
     """The health agent reads its VM's scheduled events and approves them once drained."""
+    peers: int = 3
+    """Nodes of its own pool each health agent reaches each round on their kubelet port (default 3;
+    0: none): fatal only when none of them answers for the confirming rounds."""
     remediation: bool = True
     """Remediation's user may read nodes and delete those health cordoned (its host service runs
     where the stack turns it on)."""
@@ -140,6 +161,7 @@ class NodeHealthArgs:
     def __post_init__(self) -> None:
         require(0 < self.max_cordoned_share <= 1, "max_cordoned_share", "must be in (0, 1]")
         require(self.burn_seconds >= 0, "burn_seconds", "must be 0 or more")
+        require(self.peers == 0 or self.peers >= MIN_PEERS, "peers", f"must be 0 or at least {MIN_PEERS}")
         require(self.test_nodes >= 1, "test_nodes", "must be at least 1")
         require(
             self.test_deadline_seconds > self.burn_seconds + 60,
@@ -159,7 +181,8 @@ class NodeHealthArgs:
 
 
 RULES: dict[Agent, list[dict[str, object]]] = {
-    # its own node only (a watch by name; the patch fenced in by the admission policy below)
+    # its own node (a watch by name; the patch fenced in by the admission policy below), and a
+    # page of its pool's nodes about hourly, for its peers (list: reads are not fenced)
     "health": [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -216,6 +239,8 @@ class Fence:
     go in the same request"""
     extra: tuple[tuple[str, str], ...] = ()
     """further rules: (CEL over oldObject and object, what it may not do)"""
+    drops_own: bool = False
+    """it may take its own annotations away (the health agent: the maintenance's start, once over)"""
 
 
 def _note(key: str) -> str:
@@ -237,6 +262,15 @@ def _reset_since_cordon(outcome: str) -> str:
 RESET_CLEARED = _reset_since_cordon("cleared")
 RESET_FAILED = _reset_since_cordon("failed")
 REPORTED_FATAL = f"{_note(health.VERDICT)}.startsWith('fatal')"
+REPORTED_MAINTENANCE = f"{_note(health.VERDICT)}.startsWith('{health.MAINTENANCE}')"
+FOR_MAINTENANCE = f"({_note(health.CORDON_KIND)} == '{health.MAINTENANCE}')"
+"""CEL: the node's cordon by health is maintenance's (Azure's scheduled event), not a failure's"""
+MAINTENANCE_OVER = (
+    f"({FOR_MAINTENANCE} && !{REPORTED_FATAL} && !{REPORTED_MAINTENANCE} && "
+    f"{_note(health.VERDICT_AT)} >= {_note(health.CORDONED_AT)})"
+)
+"""CEL: a node cordoned for maintenance whose agent, since the cordon, reports neither maintenance
+nor a failure: the event is over, and the controller may uncordon it"""
 CORDONED = "(has(object.spec.unschedulable) && object.spec.unschedulable)"
 WAS_CORDONED = "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)"
 
@@ -264,6 +298,13 @@ CONTROLLER_RULES_EXTRA = (
         "may set the cordon's time only in the request that cordons",
     ),
     (
+        # a failure's cordon is never made maintenance's (whose node it may uncordon) but by a cordon
+        f"{_new_note(health.CORDON_KIND)} == {_note(health.CORDON_KIND)} || "
+        f"{_new_note(health.CORDON_KIND)} == '{health.FAILURE}' || "
+        f"(!{WAS_CORDONED} && {CORDONED}) || ({WAS_CORDONED} && !{CORDONED})",
+        "may make a cordon maintenance's only in the request that cordons",
+    ),
+    (
         # a reset is asked for once per cordon: of a node it cordoned and drained, reported fatal,
         # whose reset has not ended since the cordon
         f"!(!{_labelled('oldObject')} && {_labelled('object')}) || ({WAS_CORDONED} && {CORDONED} && "
@@ -283,7 +324,8 @@ FENCES: dict[Fenced, Fence] = {
         HEALTH,
         "the health agent",
         None,
-        (health.VERDICT, health.VERDICT_AT),
+        (health.VERDICT, health.VERDICT_AT, health.MAINTENANCE_AT),
+        drops_own=True,
     ),
     "remediation": Fence(
         REMEDIATION_FENCE_NAME,
@@ -293,8 +335,9 @@ FENCES: dict[Fenced, Fence] = {
         (health.REMEDIATION_REQUESTED_AT,),
         own_node=False,
         only_if=(
-            f"has(oldObject.metadata.annotations) && '{health.CORDONED}' in oldObject.metadata.annotations",
-            "may change only a node health cordoned",
+            f"has(oldObject.metadata.annotations) && '{health.CORDONED}' in oldObject.metadata.annotations "
+            f"&& !{FOR_MAINTENANCE}",
+            "may change only a node health cordoned for a failure",
         ),
     ),
     "health-controller": Fence(
@@ -302,18 +345,19 @@ FENCES: dict[Fenced, Fence] = {
         HEALTH_CONTROLLER,
         "the health controller",
         None,
-        (health.CORDONED, health.CORDONED_AT, health.DRAINED_AT),
+        (health.CORDONED, health.CORDONED_AT, health.DRAINED_AT, health.CORDON_KIND),
         may_cordon=True,
         own_node=False,
         only_if=(
-            f"{REPORTED_FATAL} || {RESET_CLEARED} || {RESET_FAILED}",
-            "may change only a node its health agent reported fatal, or whose GPU reset since its cordon "
-            "has ended",
+            f"{REPORTED_FATAL} || {REPORTED_MAINTENANCE} || {FOR_MAINTENANCE} || {RESET_CLEARED} || "
+            f"{RESET_FAILED}",
+            "may change only a node its health agent reported fatal or under maintenance, one cordoned "
+            "for maintenance, or one whose GPU reset since its cordon has ended",
         ),
         label=health.GPU_RESET_LABEL,
         # the reset it asked for (the label is still there) cleared the GPUs since the cordon, and the
-        # agent no longer reports the node fatal
-        uncordon_if=f"{_labelled('oldObject')} && {RESET_CLEARED} && !{REPORTED_FATAL}",
+        # agent no longer reports the node fatal; or the maintenance it was cordoned for is over
+        uncordon_if=f"({_labelled('oldObject')} && {RESET_CLEARED} && !{REPORTED_FATAL}) || {MAINTENANCE_OVER}",
         extra=CONTROLLER_RULES_EXTRA,
     ),
     "gpu-reset": Fence(
@@ -359,6 +403,8 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
     cordoned, was_cordoned = CORDONED, WAS_CORDONED
     # its own annotations may go only with the uncordon it may make
     may_drop_note = f"(({own}) && {was_cordoned} && !{cordoned}) || " if f.uncordon_if else ""
+    if f.drops_own:
+        may_drop_note = f"({own}) || "
     own_node = {
         "expression": "'authentication.kubernetes.io/node-name' in request.userInfo.extra && "
         "request.userInfo.extra['authentication.kubernetes.io/node-name'] == [object.metadata.name]",
@@ -398,7 +444,8 @@ def fence_validations(agent: Fenced = "preflight") -> list[dict[str, str]]:
             if f.may_cordon
             else f"{cordoned} == {was_cordoned}",
             "message": (
-                f"{who} may cordon, and uncordon only a node whose GPU reset cleared it since its cordon"
+                f"{who} may cordon, and uncordon only a node whose GPU reset cleared it since its cordon "
+                "or whose maintenance is over"
                 if f.uncordon_if
                 else f"{who} may cordon but never uncordon"
             )
@@ -503,6 +550,34 @@ def remediation_access() -> list[Manifest]:
             deletes,
             user,
         ),
+        # its hourly budget, counted in the cluster: one ConfigMap in kube-system, which it may create
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {**objects.meta(name, COMPONENT), "namespace": LEDGER_NAMESPACE},
+            "rules": remediation.LEDGER_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {**objects.meta(name, COMPONENT), "namespace": LEDGER_NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+        *_policy(
+            f"{REMEDIATION_FENCE_NAME}-ledger",
+            "",
+            {"operations": ["CREATE"], "resources": ["configmaps"]},
+            [
+                {
+                    "expression": f"request.namespace == '{LEDGER_NAMESPACE}' && object.metadata.name == "
+                    f"'{remediation.LEDGER}'",
+                    "reason": "Forbidden",
+                    "message": f"remediation may create only its ledger, {LEDGER_NAMESPACE}/{remediation.LEDGER}",
+                }
+            ],
+            user,
+        ),
     ]
 
 
@@ -531,12 +606,13 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         flags.append(f"--dcgm-url={args.dcgm_url}")
     if agent == "health":
         flags += [
-            f"--filesystem=root={HOST_FS}",
+            *(f"--filesystem={name}={HOST_FS_DIR}/{name}" for name, _ in FILESYSTEMS),
             f"--kernel-log={HOST_LOG}/{KERNEL_LOG}",
             f"--kubelet-healthz=http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz",
             f"--runtime-metrics=http://127.0.0.1:{CONTAINERD_METRICS_PORT}/v1/metrics",
             *([f"--api-address={args.api_address}"] if args.api_address else []),
             *([f"--scheduled-events={IMDS}"] if args.scheduled_events else []),
+            *([f"--peers={args.peers}"] if args.peers else []),
         ]
     selector = {POOL_LABEL: pool.name}
     if agent == "preflight":
@@ -560,16 +636,22 @@ def daemonset(pool: PoolSpec, vm: VmSize, args: NodeHealthArgs, agent: Agent) ->
         ]
     host_mounts = [
         # HostToContainer: a filesystem mounted (or remounted read-only) there later is seen too
-        {
-            "name": "host-fs-root",
-            "mountPath": HOST_FS,
-            "readOnly": True,
-            "mountPropagation": "HostToContainer",
-        },
+        *(
+            {
+                "name": f"host-fs-{name}",
+                "mountPath": f"{HOST_FS_DIR}/{name}",
+                "readOnly": True,
+                "mountPropagation": "HostToContainer",
+            }
+            for name, _ in FILESYSTEMS
+        ),
         {"name": "host-kernel-log", "mountPath": HOST_LOG, "readOnly": True},
     ]
     host_volumes = [
-        {"name": "host-fs-root", "hostPath": {"path": HEALTH_FS_DIR, "type": "DirectoryOrCreate"}},
+        *(
+            {"name": f"host-fs-{name}", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+            for name, path in FILESYSTEMS
+        ),
         {"name": "host-kernel-log", "hostPath": {"path": KERNEL_LOG_DIR, "type": "DirectoryOrCreate"}},
     ]
     container = {

@@ -373,3 +373,31 @@ def test_a_malformed_reading_is_one_line(api: LocalApi, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert err.strip().splitlines()[-1].startswith(f"{nh.COMPONENT}: {bad}: expected_gpus")
     assert "Traceback" not in err
+
+
+def test_the_peer_check_is_off_unless_asked_and_its_flags_are_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from superkube.agents import host_checks
+
+    base = ["--node", "gpu-1", "--pool", "gpu", "--reading", str(READINGS / "healthy.json")]
+    args = nh._args(base)
+    assert args.peers == 0 and args.host.peers is None  # the list and the connections only when asked
+    args = nh._args([*base, "--peers=3"])
+    assert (args.peers, args.peer_port, args.peer_list_limit, args.peer_refresh) == (
+        3, host_checks.KUBELET_PORT, host_checks.PEER_LIST_LIMIT, host_checks.PEER_REFRESH_S,
+    )  # fmt: skip
+    for bad, said in (
+        ("--peers=1", "--peers must be 0 or from 2"),
+        ("--peers=101", "--peers must be 0 or from 2 to --peer-list-limit"),
+        ("--peer-refresh=5", "--peer-refresh must be at least 60 seconds"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            nh._args([*base, "--peers=3", bad])
+        assert exited.value.code == 2 and said in capsys.readouterr().err, bad
+
+
+def test_every_filesystem_flag_is_a_watched_filesystem_in_order() -> None:
+    base = ["--node", "gpu-1", "--pool", "gpu", "--reading", str(READINGS / "healthy.json")]
+    args = nh._args([*base, "--filesystem=root=/host/fs/root", "--filesystem=data=/host/fs/data"])
+    assert list(args.host.filesystems) == [("root", "/host/fs/root"), ("data", "/host/fs/data")]

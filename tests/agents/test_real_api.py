@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,100 @@ def as_account(api: LocalApi, account: str, node: str) -> Any:
     return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
 
 
+# --- Azure's scheduled maintenance through the fenced controller, on the real server -------------
+
+
+def maintenance(api: LocalApi, node: str, in_s: float) -> None:
+    """What the node's agent writes while a Reboot is due for its VM in `in_s` seconds."""
+    starts = kubeapi.now() + timedelta(seconds=in_s)
+    value = (
+        f"maintenance: node: scheduled Platform Reboot not before {starts:%Y-%m-%d %H:%M:%S} UTC (event E1)"
+    )
+    admin(api).patch_node(node, nh.report_patch(value, kubeapi.now(), kubeapi.stamp(starts)))
+
+
+def fenced_controller(api: LocalApi, pool: str, as_node: str) -> Any:
+    """The controller's code acting as its own service account (its role and admission policies)."""
+    from modules.platform.foundation import NAMESPACE
+    from superkube.agents import health_controller as hc
+    from superkube.agents.informer import Informer
+
+    kube = Kube(str(identity(api, NAMESPACE, hc.COMPONENT, as_node)))
+    watch = Informer(kube.core.list_node, slim=hc.slim, label_selector=f"superkube.io/pool={pool}")
+    return hc.Controller(kube, lambda: (watch.sync(), watch.items())[1], frozenset({pool}), 0.05)
+
+
+def test_maintenance_is_cordoned_past_the_breaker_drained_and_uncordoned_once_over(fenced: LocalApi) -> None:
+    """A pool of three: one node fails (the one cordon the breaker lets in), two more get a scheduled
+    Reboot. Both are cordoned as maintenance all the same, marked drained once empty, and uncordoned
+    by the controller once their agents report them healthy again; one that fails meanwhile becomes
+    a failure's cordon, which the server then lets the controller keep."""
+    pool = unique("upkeep")
+    broken, rebooted, failing = (f"{pool}-{i}" for i in range(3))
+    for name in (broken, rebooted, failing):
+        make_node(fenced, name, {"superkube.io/pool": pool})
+    report(fenced, broken, "xid-79-off-the-bus")
+    maintenance(fenced, rebooted, 600)
+    maintenance(fenced, failing, 600)
+    ctl = fenced_controller(fenced, pool, broken)
+    first = ctl.round()
+    assert first[broken].cordon and first[broken].kind == "failure"
+    assert first[rebooted].kind == first[failing].kind == "maintenance" and not first[rebooted].breaker_open
+    notes = admin(fenced).read_node(rebooted).metadata.annotations
+    assert notes[nh.CORDON_KIND] == "maintenance" and admin(fenced).read_node(rebooted).spec.unschedulable
+    assert ctl.metrics.cordoned.labels(pool)._value.get() == 1  # the breaker counts the failure only
+    ctl.round()
+    assert nh.DRAINED_AT in admin(fenced).read_node(rebooted).metadata.annotations  # nothing on it: drained
+    # the VM is back and its checks are clean; the other node's GPU failed while it waited
+    time.sleep(1.1)  # the report is later than the cordon, to the second
+    report(fenced, rebooted, "healthy")
+    report(fenced, failing, "xid-79-off-the-bus")
+    ctl.round()
+    back = admin(fenced).read_node(rebooted)
+    assert not back.spec.unschedulable and nh.ANNOTATION not in (back.metadata.annotations or {})
+    assert nh.CORDON_KIND not in (back.metadata.annotations or {})
+    assert [e.reason for e in events_about(fenced, rebooted)].count("MaintenanceOver") == 1
+    still = admin(fenced).read_node(failing)
+    assert still.spec.unschedulable and still.metadata.annotations[nh.CORDON_KIND] == "failure"
+    # a failure's cordon: the server refuses the controller's uncordon of it
+    assert "uncordon only a node whose GPU reset cleared it" in refusal(
+        lambda: ctl.kube.patch_node(broken, {"spec": {"unschedulable": False}})
+    )
+
+
+def test_pods_still_on_a_node_as_its_maintenance_starts_are_named_and_it_is_not_approved(
+    fenced: LocalApi,
+) -> None:
+    """A pod a budget holds keeps the node from being drained: within PODS_LEFT_S of NotBefore the
+    controller names it in one Warning Event and in the pool's gauge; the node is never marked
+    drained, so its agent never approves the event (Azure starts it at NotBefore)."""
+    from kubernetes import client
+
+    pool = unique("late")
+    node = f"{pool}-0"
+    make_node(fenced, node, {"superkube.io/pool": pool})
+    ns = namespace(fenced, unique("team"))
+    make_pod(fenced, ns, "held-0", node)
+    admin(fenced).patch_namespaced_pod("held-0", ns, {"metadata": {"labels": {"app": "held"}}})
+    running = {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    admin(fenced).patch_namespaced_pod_status("held-0", ns, running)
+    client.PolicyV1Api(admin(fenced).api_client).create_namespaced_pod_disruption_budget(
+        ns,
+        {
+            "metadata": {"name": "held"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}},
+        },
+    )
+    maintenance(fenced, node, 120)  # within PODS_LEFT_S
+    ctl = fenced_controller(fenced, pool, node)
+    for _ in range(3):
+        ctl.round()
+    late = [e for e in events_about(fenced, node) if e.reason == "MaintenanceStartsWithPods"]
+    assert len(late) == 1 and f"{ns}/held-0" in late[0].message and "not approved" in late[0].message
+    assert ctl.metrics.pods_left.labels(pool)._value.get() == 1
+    assert nh.DRAINED_AT not in admin(fenced).read_node(node).metadata.annotations
+
+
 def refusal(call: Any) -> str:
     """The server's message for a call it refuses with 403 (retried while the new policy loads)."""
     from kubernetes.client.exceptions import ApiException
@@ -380,6 +475,16 @@ def test_the_health_agent_may_only_report_on_its_own_node(fenced: LocalApi) -> N
     assert "the health agent may not change labels" in refusal(lambda: agent.patch_node(mine, relabel))
     note = {"metadata": {"annotations": {nh.ANNOTATION: "me"}}}
     assert "may only set the superkube.io/health-verdict" in refusal(lambda: agent.patch_node(mine, note))
+    # a maintenance verdict with its start, then healthy again: the agent takes its start away
+    agent.patch_node(mine, nh.report_patch("maintenance: node: scheduled Platform Reboot", kubeapi.now(),
+                                           kubeapi.stamp(kubeapi.now())))  # fmt: skip
+    assert nh.MAINTENANCE_AT in admin(fenced).read_node(mine).metadata.annotations
+    agent.patch_node(mine, nh.report_patch("healthy", kubeapi.now()))
+    notes = admin(fenced).read_node(mine).metadata.annotations
+    assert nh.MAINTENANCE_AT not in notes and notes[nh.VERDICT_ANNOTATION] == "healthy"
+    admin(fenced).patch_node(mine, {"metadata": {"annotations": {"example.com/owner": "ops"}}})
+    dropped = {"metadata": {"annotations": {"example.com/owner": None}}}
+    assert "may only set the superkube.io/health-verdict" in refusal(lambda: agent.patch_node(mine, dropped))
 
 
 def test_the_controller_may_only_cordon_nodes_reported_fatal(fenced: LocalApi) -> None:

@@ -6,23 +6,29 @@ removes the instances and lowers the set's capacity), the VM checked by its comp
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from superkube.agents import kubeapi
 from superkube.agents import node_health as nh
 from superkube.agents import remediation as rem
 from superkube.agents import scale_governor as gov
-from superkube.cluster import remediation
+from superkube.cluster import health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.harness.apiserver import LocalApi
 from superkube.plan import engine as planning
+from tests.agents.conftest import admin, apply, make_node
 from tests.fleet.resource_manager import TOKEN, ResourceManager
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,36 +110,113 @@ def test_a_requested_node_is_forgotten_once_its_instance_is_gone() -> None:
     assert decided(fleet(asked), gone=lambda name: True).forget == ["gpu0-000003"]
 
 
-class Kube:
-    """The three calls the service makes, on canned nodes."""
-
-    def __init__(self, nodes: list[dict[str, Any]]) -> None:
-        self.nodes = {n["metadata"]["name"]: n for n in nodes}
-
-    def get(self, path: str) -> Any:
-        assert path == "/api/v1/nodes"
-        return {"items": list(self.nodes.values())}
-
-    def patch(self, path: str, body: Any) -> None:
-        self.nodes[path.rsplit("/", 1)[1]]["metadata"]["annotations"].update(body["metadata"]["annotations"])
-
-    def delete(self, path: str) -> None:
-        self.nodes.pop(path.rsplit("/", 1)[1])
-
-
 SCOPE = "/subscriptions/00000000-0000-0000-0000-00000000abcd/resourceGroups/rg-test"
+_tests = itertools.count()
+
+
+def test_the_breaker_lets_one_node_of_any_pool_go_then_holds_the_share() -> None:
+    """Pools of 1, 2, 16, 20 and 100 nodes past preflight at 5 %: the first failure of each may be
+    cordoned (and its VM replaced); a second only where 5 % of the pool is two nodes or more."""
+    for size, allowed in ((1, 1), (2, 1), (16, 1), (20, 1), (40, 2), (100, 5)):
+        assert health.may_cordon(0, size, 0.05), size
+        assert [health.may_cordon(k, size, 0.05) for k in range(allowed + 1)] == [True] * allowed + [False], (
+            size
+        )
+        assert not health.breaker_open(allowed, size, 0.05) and health.breaker_open(allowed + 1, size, 0.05)
+        assert rem.breaker_open(allowed, size, 0.05) == health.breaker_open(allowed, size, 0.05)
+        assert rem.breaker_open(allowed + 1, size, 0.05) == health.breaker_open(allowed + 1, size, 0.05)
+        one = fleet(node("gpu0-000000", cordoned_ago=600, drained=True), size=size)
+        assert decided(one).delete == ["gpu0-000000"], size  # a one-node pool's broken node goes too
+
+
+def test_a_maintenance_cordon_is_never_deleted_nor_counted_by_the_breaker() -> None:
+    upkeep = node("gpu0-000001", cordoned_ago=8 * DAY, drained=True)  # past any deadline
+    upkeep["metadata"]["annotations"][FACTS.kind] = FACTS.maintenance
+    broken = node("gpu0-000002", cordoned_ago=600, drained=True)
+    d = decided(fleet(upkeep, broken, size=16))
+    assert d.delete == ["gpu0-000002"] and d.reasons == {"gpu0-000001": "maintenance"}
+
+
+def test_a_drain_from_before_this_cordon_is_not_this_cordons_drain() -> None:
+    again = node("gpu0-000001", cordoned_ago=600)
+    again["metadata"]["annotations"][FACTS.drained_at] = stamp(NOW - 3600)  # left by an earlier cordon
+    d = decided(fleet(again))
+    assert d.delete == [] and d.reasons == {"gpu0-000001": "not-drained"}
+
+
+# --- the service on the real API server, as its own user, and the loopback Resource Manager -------
+
+
+@dataclass
+class Bench:
+    """One test's cluster: its own scale-set prefixes and pool on the session's API server, nodes
+    made by the admin as kubelets and health would, remediation as its own fenced user."""
+
+    api: LocalApi
+    rm: ResourceManager
+    sets: list[rem.ScaleSet]
+    kube: rem.NodeWriter
+
+    @property
+    def pool(self) -> str:
+        return self.sets[0].pool
+
+    def name(self, s: int, i: int) -> str:
+        return f"{self.sets[s].prefix}{i:06d}"
+
+    def node(self, name: str, *, cordoned: bool = True, drained: bool = True, kind: str = "failure") -> None:
+        make_node(self.api, name, {POOL_LABEL: self.pool})
+        if cordoned:
+            at = kubeapi.now() - timedelta(minutes=10)
+            admin(self.api).patch_node(
+                name, nh.cordon_patch("fatal: node: root filesystem remounted read-only", at, kind)
+            )
+            if drained:
+                admin(self.api).patch_node(name, {"metadata": {"annotations": {nh.DRAINED_AT: kubeapi.stamp(at + timedelta(minutes=5))}}})  # fmt: skip
+
+    def service(
+        self, max_per_hour: int = 10, metrics: rem.Metrics | None = None, share: float = 0.05
+    ) -> rem.Remediation:
+        return rem.Remediation(self.kube, Instances(SCOPE, "client", self.rm.url), FACTS, self.sets,
+                               {self.pool: 7.0}, max_per_hour, share, metrics=metrics)  # fmt: skip
+
+    def nodes(self) -> dict[str, Any]:
+        return {
+            n.metadata.name: n
+            for n in admin(self.api).list_node(label_selector=f"{POOL_LABEL}={self.pool}").items
+        }
+
+    def vmss(self, s: int) -> str:
+        return f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/{self.sets[s].name}"
+
+
+@pytest.fixture(scope="module")
+def fenced(api: LocalApi) -> LocalApi:
+    from modules.platform import node_health as component
+
+    apply(api, *component.remediation_access())
+    return api
 
 
 @pytest.fixture
-def rm() -> Iterator[ResourceManager]:
+def bench(fenced: LocalApi) -> Iterator[Bench]:
+    from kubernetes.client.exceptions import ApiException
+
+    t = next(_tests)
+    sets = [rem.ScaleSet(f"vmss-r{t}-{k}", f"r{t}g{k}-", f"rem{t}") for k in range(2)]
+    try:  # each test starts its own hour: the ledger is the cluster's, shared by the session's tests
+        admin(fenced).delete_namespaced_config_map(rem.LEDGER, "kube-system")
+    except ApiException as e:
+        assert e.status == 404
     with ResourceManager() as server:
-        for s in SETS:
+        for s in sets:
             path = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/{s.name}"
             server.add(path, {"sku": {"name": "Standard_ND96isr_H100_v5", "capacity": 4}, "properties": {}})
             for i in range(3):
                 server.add_instance(path, str(i), f"{s.prefix}{i:06d}", {"id": "image"})
             server.add_instance(path, "35", f"{s.prefix}00000Z", {"id": "image"})  # as Azure writes it
-        yield server
+        kube = rem.NodeWriter(fenced.client_kubeconfig("remediation", remediation.USER))
+        yield Bench(fenced, server, sets, kube)
 
 
 class Instances(rem.AzureInstances):
@@ -141,43 +224,78 @@ class Instances(rem.AzureInstances):
         return TOKEN
 
 
-def service(kube: Kube, rm: ResourceManager) -> rem.Remediation:
-    return rem.Remediation(kube, Instances(SCOPE, "client", rm.url), FACTS, SETS, {"gpu": 7.0}, 10, 0.5,
-                           clock=lambda: NOW)  # fmt: skip
-
-
-def test_a_drained_node_is_deleted_from_its_scale_set_then_from_the_cluster(rm: ResourceManager) -> None:
-    kube = Kube(fleet(node("gpu0-000002", cordoned_ago=600, drained=True), size=3))
-    svc = service(kube, rm)
-    assert svc.once().delete == ["gpu0-000002"]
-    vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
-    assert ("POST", f"{vmss}/delete") in rm.writes()
-    assert FACTS.requested_at in kube.nodes["gpu0-000002"]["metadata"]["annotations"]
+def test_a_drained_node_is_deleted_from_its_scale_set_then_from_the_cluster(bench: Bench) -> None:
+    sick = bench.name(0, 2)
+    bench.node(sick)
+    for i in (0, 1):
+        bench.node(bench.name(0, i), cordoned=False)
+    metrics = rem.Metrics()
+    svc = bench.service(metrics=metrics)
+    assert svc.once().delete == [sick]
+    assert ("POST", f"{bench.vmss(0)}/delete") in bench.rm.writes()
+    assert FACTS.requested_at in bench.nodes()[sick].metadata.annotations
     # the operation finishes as Azure's does (polled); then the instance is gone, and so is the Node
     for _ in range(5):
         svc.once()
-        if "gpu0-000002" not in kube.nodes:
+        if sick not in bench.nodes():
             break
-    assert [i["instanceId"] for i in rm.instances(vmss)] == ["0", "1", "35"]
-    assert rm.get(vmss)["sku"]["capacity"] == 3 and "gpu0-000002" not in kube.nodes
-    assert len(svc.done) == 1, "one deletion counted in the hour"
+    assert [i["instanceId"] for i in bench.rm.instances(bench.vmss(0))] == ["0", "1", "35"]
+    assert bench.rm.get(bench.vmss(0))["sku"]["capacity"] == 3 and sick not in bench.nodes()
+    assert len(svc.ledger.recent(time.time())) == 1, "one deletion counted in the hour"
+    assert metrics.deletions.labels("deleted")._value.get() == 1 and metrics.budget._value.get() == 9
 
 
-def test_the_instance_named_in_upper_case_is_the_node_named_in_lower_case(rm: ResourceManager) -> None:
-    kube = Kube(fleet(node("gpu0-00000z", cordoned_ago=600, drained=True), size=3))
-    svc = service(kube, rm)
-    assert svc.once().delete == ["gpu0-00000z"]
-    vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
-    assert "35" not in [i["instanceId"] for i in rm.instances(vmss)]
+def test_the_hours_budget_holds_across_a_restart(bench: Bench) -> None:
+    first, second = bench.name(0, 1), bench.name(1, 2)
+    bench.node(first)
+    bench.node(second)
+    assert bench.service(max_per_hour=1, share=1.0).once().delete == [first]
+    restarted = bench.service(max_per_hour=1, metrics=rem.Metrics(), share=1.0)  # a new process, or leader
+    d = restarted.once()
+    assert d.delete == [] and d.reasons[second] == "budget"
+    assert ("POST", f"{bench.vmss(1)}/delete") not in bench.rm.writes()
+    assert restarted.metrics is not None and restarted.metrics.held.labels("budget")._value.get() == 1
+    ledger = admin(bench.api).read_namespaced_config_map(rem.LEDGER, "kube-system")
+    assert [node for _, node in json.loads(ledger.data["deletions"])] == [first]
 
 
-def test_an_instance_that_is_another_vm_is_never_deleted(rm: ResourceManager) -> None:
-    vmss = f"{SCOPE}/providers/Microsoft.Compute/virtualMachineScaleSets/vmss-gpu-0"
-    rm.get(f"{vmss}/virtualMachines/1")["properties"]["osProfile"]["computerName"] = "gpu0-reused"
-    kube = Kube(fleet(node("gpu0-000001", cordoned_ago=600, drained=True), size=3))
-    svc = service(kube, rm)
-    svc.once()
-    assert ("POST", f"{vmss}/delete") not in rm.writes() and not svc.done
+def test_a_ledger_it_cannot_read_deletes_nothing(bench: Bench) -> None:
+    bench.node(bench.name(0, 1))
+    admin(bench.api).create_namespaced_config_map(
+        "kube-system", {"metadata": {"name": rem.LEDGER}, "data": {"deletions": "half a list ["}}
+    )
+    with pytest.raises(gov.ServiceError, match="not a list of"):
+        bench.service().once()
+    assert bench.rm.writes() == []
+
+
+def test_the_instance_named_in_upper_case_is_the_node_named_in_lower_case(bench: Bench) -> None:
+    lower = f"{bench.sets[0].prefix}00000z"  # instance 35, which Azure names ...00000Z
+    bench.node(lower)
+    assert bench.service().once().delete == [lower]
+    assert "35" not in [i["instanceId"] for i in bench.rm.instances(bench.vmss(0))]
+
+
+def test_an_instance_that_is_another_vm_is_never_deleted(bench: Bench) -> None:
+    bench.rm.get(f"{bench.vmss(0)}/virtualMachines/1")["properties"]["osProfile"]["computerName"] = "reused"
+    bench.node(bench.name(0, 1))
+    metrics = rem.Metrics()
+    bench.service(metrics=metrics).once()
+    assert ("POST", f"{bench.vmss(0)}/delete") not in bench.rm.writes()
+    assert metrics.deletions.labels("refused")._value.get() == 1
+    assert bench.service().ledger.recent(time.time()) == []
+
+
+def test_a_node_cordoned_for_maintenance_is_never_deleted_and_the_server_refuses_it_too(bench: Bench) -> None:
+    upkeep = bench.name(0, 1)
+    bench.node(upkeep, kind="maintenance")
+    metrics = rem.Metrics()
+    d = bench.service(metrics=metrics).once()
+    assert d.delete == [] and d.reasons[upkeep] == "maintenance"  # (earlier tests' nodes: no set of this one)
+    assert metrics.held.labels("maintenance")._value.get() >= 1 and bench.rm.writes() == []  # (others' too)
+    mark = {"metadata": {"annotations": {FACTS.requested_at: kubeapi.stamp(kubeapi.now())}}}
+    with pytest.raises(gov.ServiceError, match="cordoned for a failure"):
+        bench.kube.patch(f"/api/v1/nodes/{upkeep}", mark)
 
 
 def test_the_program_is_two_files_on_python3_beside_the_governor(tmp_path: Path, api: LocalApi) -> None:
@@ -186,7 +304,7 @@ def test_the_program_is_two_files_on_python3_beside_the_governor(tmp_path: Path,
     tree = ast.parse(Path(rem.__file__).read_text())
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert names - set(sys.stdlib_module_names) == {"superkube", "scale_governor"}
+    assert names - set(sys.stdlib_module_names) == {"superkube", "scale_governor", "prometheus_client"}
     host = tmp_path / "lib"
     host.mkdir()
     shutil.copy(rem.__file__, host / "remediation.py")

@@ -40,44 +40,81 @@ def raw(kind: str = "Reboot", minutes: float = 10, vm: str = VM, **more: Any) ->
 
 def judged(
     *events: dict[str, Any], lead_s: float = se.LEAD_S
-) -> tuple[list[gpu_probe.Finding], list[str], list[str]]:
+) -> tuple[list[gpu_probe.Finding], list[str], list[str], list[str]]:
+    """(findings, the due events an agent would approve once drained, log lines, ignored reasons)."""
     _, parsed, bad = se.parse({"DocumentIncarnation": 3, "Events": list(events)})
-    found, ack, lines = se.findings(parsed, VM, AT, lead_s)
-    return found, [e.id for e in ack], bad + lines
+    j = se.judge(parsed, VM, AT, lead_s, malformed=len(bad))
+    return j.findings, [e.id for e in j.due if se.approvable(e, VM)], bad + j.lines, j.ignored
 
 
 @pytest.mark.parametrize("kind", se.DRAINED_FIRST)
-def test_a_reboot_redeploy_or_terminate_for_this_vm_is_fatal_within_the_lead(kind: str) -> None:
-    found, ack, _ = judged(raw(kind, minutes=10))
-    assert [f.level for f in found] == ["fatal"] and ack == [f"E-{kind}"]
+def test_a_reboot_redeploy_or_terminate_for_this_vm_is_maintenance_within_the_lead(kind: str) -> None:
+    found, ack, _, ignored = judged(raw(kind, minutes=10))
+    assert [f.level for f in found] == ["maintenance"] and ack == [f"E-{kind}"] and ignored == []
     assert f"Platform {kind} not before 2026-11-28 10:10:00 UTC (event E-{kind})" in found[0].reason
 
 
+def test_maintenance_is_never_a_failure_whatever_else_the_node_reports() -> None:
+    (finding,), _, _, _ = judged(raw("Reboot", minutes=10))
+    healthy = gpu_probe.Verdict("gpu-3", "healthy", [])
+    assert nh.combined(healthy, [finding]).level == "maintenance"
+    warned = gpu_probe.Verdict("gpu-3", "warning", [gpu_probe.Finding("warning", 2, "temperature 87 C")])
+    assert nh.combined(warned, [finding]).level == "maintenance"
+    broken = gpu_probe.Verdict(
+        "gpu-3", "fatal", [gpu_probe.Finding("fatal", 2, "Xid 79: fallen off the bus")]
+    )
+    assert nh.combined(broken, [finding]).level == "fatal"  # a failure stays a failure
+
+
+def test_the_earliest_not_before_of_the_due_events_is_when_the_maintenance_starts() -> None:
+    _, parsed, _ = se.parse(
+        {"Events": [raw("Reboot", minutes=12), {**raw("Redeploy", minutes=4), "EventId": "R"}]}
+    )
+    assert se.judge(parsed, VM, AT).starts_at == "2026-11-28T10:04:00Z"
+    _, parsed, _ = se.parse({"Events": [raw("Reboot", EventStatus="Started", NotBefore="")]})
+    assert se.judge(parsed, VM, AT).starts_at == "started"
+    _, parsed, _ = se.parse({"Events": [raw("Reboot", minutes=3 * 24 * 60)]})
+    assert se.judge(parsed, VM, AT).starts_at == ""  # days ahead: not due, nothing starts
+
+
+def test_an_event_that_names_other_vms_too_is_drained_for_but_never_approved() -> None:
+    """Approving starts an event on every VM it names: this node's drain does not speak for theirs."""
+    found, ack, _, _ = judged(raw("Reboot", minutes=10, Resources=[VM, "gpu_4"]))
+    assert [f.level for f in found] == ["maintenance"] and ack == []
+
+
 def test_an_event_days_ahead_is_a_warning_until_its_lead() -> None:
-    found, ack, _ = judged(raw("Redeploy", minutes=3 * 24 * 60))
+    found, ack, _, _ = judged(raw("Redeploy", minutes=3 * 24 * 60))
     assert [f.level for f in found] == ["warning"] and ack == []
 
 
-def test_a_started_event_is_fatal_and_not_approved_again() -> None:
-    found, ack, _ = judged(raw("Reboot", EventStatus="Started", NotBefore=""))
-    assert [f.level for f in found] == ["fatal"] and ack == []
+def test_a_started_event_is_maintenance_and_not_approved_again() -> None:
+    found, ack, _, _ = judged(raw("Reboot", EventStatus="Started", NotBefore=""))
+    assert [f.level for f in found] == ["maintenance"] and ack == []
 
 
-def test_a_short_freeze_and_a_preempt_are_logged_only_a_long_freeze_warns() -> None:
-    found, ack, lines = judged(raw("Freeze", DurationInSeconds=9), raw("Preempt"))
-    assert found == [] and ack == [] and len(lines) == 2
-    found, _, _ = judged(raw("Freeze", DurationInSeconds=120))
-    assert [f.level for f in found] == ["warning"]
+def test_a_short_freeze_and_a_preempt_are_logged_only_a_long_freeze_is_maintenance() -> None:
+    found, ack, lines, ignored = judged(raw("Freeze", DurationInSeconds=9), raw("Preempt"))
+    assert found == [] and ack == [] and len(lines) == 2 and ignored == ["preempt"]
+    found, ack, _, _ = judged(raw("Freeze", DurationInSeconds=120))
+    assert [f.level for f in found] == ["maintenance"] and ack == ["E-Freeze"]
+    assert found[0].reason.endswith("of 120 s")
 
 
 def test_another_vms_event_an_unknown_type_or_a_malformed_event_never_cordons() -> None:
-    found, ack, lines = judged(
+    found, ack, lines, ignored = judged(
         raw("Reboot", vm="gpu_4"),
         raw("Hibernate"),
         {"EventId": "x"},
         raw("Reboot", NotBefore="tomorrow-ish"),
+        raw("Redeploy", NotBefore=""),  # Scheduled, but no time to drain by
+        raw("Freeze"),  # DurationInSeconds -1: a pause of unknown length
     )
     assert found == [] and ack == []
+    assert sorted(ignored) == sorted(
+        ["other-vm", "unknown-type", "malformed", "malformed", "no-not-before", "freeze-unknown-length"]
+    )
+    assert set(ignored) <= set(se.IGNORED)
     assert any("gpu_4" in line for line in lines) and any("unknown event type" in line for line in lines)
     assert any("no EventType" in line for line in lines) and any("not an HTTP date" in line for line in lines)
     with pytest.raises(se.EventsError):
@@ -140,7 +177,9 @@ class Kube:
         self.events.append(body)
 
 
-def test_the_agent_reports_the_event_and_approves_it_only_once_drained(metadata: tuple[str, Path]) -> None:
+def test_the_agent_reports_maintenance_approves_it_only_once_drained_and_reports_healthy_after(
+    metadata: tuple[str, Path],
+) -> None:
     base, events = metadata
     imds.add_event(events, VM, VM, "Reboot", 15 * 60)
     me = node("cpu-3")
@@ -150,15 +189,24 @@ def test_the_agent_reports_the_event_and_approves_it_only_once_drained(metadata:
         events=nh.Events(se.Client(base)),
     )  # fmt: skip
     value = agent.round()
-    assert value.startswith("fatal: node: scheduled Platform Reboot not before")
-    assert nh.cordon_reason(value) == "ScheduledEventCordon"
-    assert imds.events_of(events, VM)[0]["EventStatus"] == "Scheduled"  # not drained yet: not approved
-    # cordoned by the controller, then drained
-    notes = me["metadata"]["annotations"]
-    notes.update(
-        {nh.ANNOTATION: value, nh.ANNOTATION_AT: "2026-11-28T10:00:00Z", nh.VERDICT_ANNOTATION: value}
+    assert value.startswith("maintenance: node: scheduled Platform Reboot not before")
+    assert nh.cordon_reason(value) == "MaintenanceCordon"
+    (report,) = kube.patches
+    starts = report["metadata"]["annotations"][nh.MAINTENANCE_AT]
+    assert (
+        14 * 60
+        < (
+            datetime.strptime(starts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) - datetime.now(UTC)
+        ).total_seconds()
+        <= 15 * 60
     )
+    assert imds.events_of(events, VM)[0]["EventStatus"] == "Scheduled"  # not drained yet: not approved
+    # cordoned by the controller for maintenance
+    notes = me["metadata"]["annotations"]
+    notes.update({**nh.cordon_patch(value, datetime(2026, 11, 28, 10, tzinfo=UTC), "maintenance")["metadata"]["annotations"],
+                  nh.VERDICT_ANNOTATION: value})  # fmt: skip
     me["spec"]["unschedulable"] = True
+    notes[nh.DRAINED_AT] = "2026-11-28T09:59:00Z"  # a mark from an earlier cordon is not this drain
     agent.round()
     assert imds.events_of(events, VM)[0]["EventStatus"] == "Scheduled"
     notes[nh.DRAINED_AT] = "2026-11-28T10:00:30Z"
@@ -169,6 +217,22 @@ def test_the_agent_reports_the_event_and_approves_it_only_once_drained(metadata:
     agent.round()  # approved once
     assert [e["reason"] for e in kube.events] == ["ScheduledEventApproved"]
     assert agent.metrics.acknowledged.labels("Reboot")._value.get() == 1
+    # the VM is back: the event has left the document, and the node is reported healthy
+    imds.clear_events(events, VM)
+    notes[nh.VERDICT_ANNOTATION] = agent.round()
+    assert notes[nh.VERDICT_ANNOTATION] == "healthy"
+    assert kube.patches[-1]["metadata"]["annotations"][nh.MAINTENANCE_AT] is None
+
+
+def test_events_it_cannot_act_on_are_counted_once_per_document(metadata: tuple[str, Path]) -> None:
+    base, events = metadata
+    imds.add_event(events, VM, "gpu_4", "Reboot", 15 * 60)  # another VM's
+    agent = nh.Agent(
+        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), Kube(), lambda: node("cpu-3"),
+        events=nh.Events(se.Client(base)),
+    )  # fmt: skip
+    assert agent.round() == agent.round() == "healthy"
+    assert agent.metrics.ignored.labels("other-vm")._value.get() == 1
 
 
 def test_without_the_metadata_service_the_agent_goes_on_and_says_so() -> None:

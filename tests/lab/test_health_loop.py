@@ -11,6 +11,10 @@ on the way out, as an operator returns a repaired node.
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -20,6 +24,7 @@ from typing import Any
 import pytest
 
 from superkube.agents import node_health as health
+from superkube.cluster.health import HEALTH_FS_DIR
 from superkube.lab import faults, imds, nodes
 from superkube.lab.state import Lab
 from superkube.model import teams
@@ -103,12 +108,24 @@ def returned(loop: Lab) -> Iterator[list[str]]:
 
 
 def test_a_full_disk_gets_a_cpu_node_cordoned_and_drained_for_that_reason(
-    loop: Lab, returned: list[str]
+    loop: Lab, returned: list[str], tmp_path: Path
 ) -> None:
     node = "cpu-1"
     workload(loop, "on-a-full-disk", node)
     returned.append(node)
-    faults.inject(loop, node, "disk-full")
+    # the fault through the installed command, as an operator runs it: outside the checkout, no
+    # PYTHONPATH, on this lab
+    assert not tmp_path.resolve().is_relative_to(Path(__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["SUPERKUBE_LAB_STATE"] = loop.state_dir
+    command = [str(Path(sys.executable).with_name("superkube")), "lab", "fault", node]
+    full = subprocess.run(
+        [*command, "disk-full"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180
+    )
+    assert full.returncode == 0, full.stderr
+    assert " ".join(full.stdout.split()) == (
+        f"{node}: {HEALTH_FS_DIR} is a {faults.DISK_MIB} MiB filesystem of its own, 99% full"
+    )
     there = cordoned(loop, node)
     reason = there["metadata"]["annotations"][health.ANNOTATION]
     assert "root filesystem" in reason and "full (space)" in reason, reason
@@ -118,18 +135,29 @@ def test_a_full_disk_gets_a_cpu_node_cordoned_and_drained_for_that_reason(
     # its own agent and the system stay on it: health drains workloads only
     agents = get(loop, "pods", "-n", "superkube-system", f"--field-selector=spec.nodeName={node}")["items"]
     assert any(p["metadata"]["name"].startswith("superkube-node-health-") for p in agents)
+    # cleared by the command too (`returned` clears again: a no-op by then)
+    cleared = subprocess.run(
+        [*command, "clear"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    assert re.fullmatch(
+        rf"{node}: faults cleared \(\d+ scheduled event\(s\) gone\); uncordon it when it reads healthy",
+        " ".join(cleared.stdout.split()),
+    ), cleared.stdout
 
 
-def test_a_scheduled_reboot_is_drained_for_then_approved_before_its_time(
+def test_a_scheduled_reboot_is_drained_for_approved_before_its_time_and_back_in_service_after(
     loop: Lab, returned: list[str]
 ) -> None:
     node = "gpu-2"
+    uid = get(loop, "node", node)["metadata"]["uid"]
     workload(loop, "under-maintenance", node)
     returned.append(node)
     said = faults.inject(loop, node, "scheduled-event", "Reboot", 300)
     assert "Reboot scheduled" in said
     there = cordoned(loop, node)
     assert "scheduled Platform Reboot" in there["metadata"]["annotations"][health.ANNOTATION]
+    assert there["metadata"]["annotations"][health.CORDON_KIND] == "maintenance"
     gone(loop, "under-maintenance")
     vm = faults._vm_name(loop, node)
     events = Path(loop.state_dir) / imds.EVENTS
@@ -147,7 +175,17 @@ def test_a_scheduled_reboot_is_drained_for_then_approved_before_its_time(
     scheduled = parsedate_to_datetime(said.split("not before ", 1)[1].split(" (event")[0])
     assert approved < scheduled, (approved, scheduled)
     assert added["incarnation"] >= 2
-    assert {"ScheduledEventCordon", "ScheduledEventApproved"} <= reasons(loop, node)
+    # Azure's part, done: the maintenance is over and the event leaves the document. The controller
+    # returns the node by itself, the same Node (its VM never deleted), without health's marks
+    assert imds.clear_events(events, vm) == 1
+    back = wait_for(f"{node}: uncordoned by the controller",
+                    lambda: (lambda n: n if not n["spec"].get("unschedulable") else None)(get(loop, "node", node)),
+                    timeout=120)  # fmt: skip
+    assert back["metadata"]["uid"] == uid
+    left = back["metadata"].get("annotations") or {}
+    assert not {health.ANNOTATION, health.CORDON_KIND, health.DRAINED_AT} & set(left), left
+    assert left[health.VERDICT_ANNOTATION] == "healthy"
+    assert {"MaintenanceCordon", "ScheduledEventApproved", "MaintenanceOver"} <= reasons(loop, node)
 
 
 def test_a_node_cut_off_from_the_api_servers_is_cordoned_for_it(loop: Lab, returned: list[str]) -> None:

@@ -315,26 +315,80 @@ def test_health_runs_on_every_pool_and_preflight_on_every_gpu_pool_with_its_vm_f
 
 
 def test_the_health_agent_reads_exactly_its_checks_host_paths_read_only(any_plan: Plan) -> None:
-    """Two host directories, both read-only: an empty one on the root filesystem (its fullness and
-    read-only flag; mounts there followed) and the kernel log's own; no privilege, no host PID."""
-    from modules.platform.node_health import HEALTH_FS_DIR
+    """An empty directory on each filesystem the node keeps state on and the kernel log's own, all
+    read-only, each filesystem passed by name; no privilege, no host PID."""
+    from modules.platform.node_health import FILESYSTEMS, HEALTH_FS_DIR
     from superkube.cluster.kube import APISERVER_PORT, KERNEL_LOG_DIR
 
+    assert FILESYSTEMS[0] == ("root", HEALTH_FS_DIR)
     for ds in of_kind(any_plan, "DaemonSet", "node-health"):
         if not ds["metadata"]["name"].startswith("superkube-node-health-"):
             continue
         spec = ds["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-        assert sorted(host.values()) == sorted([HEALTH_FS_DIR, KERNEL_LOG_DIR])
+        assert sorted(host.values()) == sorted([*(path for _, path in FILESYSTEMS), KERNEL_LOG_DIR])
+        assert all(v["hostPath"]["type"] == "DirectoryOrCreate" for v in spec["volumes"] if "hostPath" in v)
         mounts = {m["name"]: m for m in container["volumeMounts"] if m["name"] in host}
-        assert all(m["readOnly"] for m in mounts.values()) and len(mounts) == 2
+        assert all(m["readOnly"] for m in mounts.values()) and len(mounts) == len(FILESYSTEMS) + 1
         assert not spec.get("hostPID") and not container["securityContext"].get("privileged")
-        flags = dict(f.removeprefix("--").split("=", 1) for f in container["command"] if f.startswith("--"))
+        args = [f.removeprefix("--") for f in container["command"] if f.startswith("--")]
+        flags = dict(f.split("=", 1) for f in args)
         assert flags["api-address"] == f"{any_plan.addresses.apiserver_lb_ip}:{APISERVER_PORT}"
         assert flags["scheduled-events"] == "http://169.254.169.254"
-        assert flags["filesystem"].split("=", 1)[1] == mounts["host-fs-root"]["mountPath"]
         assert flags["kernel-log"].startswith(mounts["host-kernel-log"]["mountPath"] + "/")
+        # each filesystem by name, root first, at the mount of its host directory (mounts followed)
+        watched = [f.removeprefix("filesystem=").split("=", 1) for f in args if f.startswith("filesystem=")]
+        assert [name for name, _ in watched] == [name for name, _ in FILESYSTEMS]
+        for name, path in watched:
+            mount = next(m for m in mounts.values() if m["mountPath"] == path)
+            assert host[mount["name"]] == dict(FILESYSTEMS)[name]
+            assert mount["mountPropagation"] == "HostToContainer"
+        assert flags["peers"] == "3"
+
+
+def test_the_watched_directories_are_where_the_node_roles_keep_their_state() -> None:
+    """The kubelet's state directory and the data disk's mount as the roles set them, and containerd
+    at its default root (its config names no other): a role that moves one moves the watch too."""
+    from modules.platform.node_health import CONTAINERD_DIR, DATA_DIR, FILESYSTEMS, KUBELET_DIR
+
+    roles = ROOT / "playbooks" / "roles"
+    kubelet = yaml.safe_load((roles / "kubelet" / "defaults" / "main.yml").read_text())
+    disk = yaml.safe_load((roles / "data_disk" / "defaults" / "main.yml").read_text())
+    assert kubelet["kubelet_state_dir"] == KUBELET_DIR and disk["data_disk_mount"] == DATA_DIR
+    config = (roles / "node_software" / "templates" / "containerd-config.toml.j2").read_text()
+    assert not any(
+        line.split("=")[0].strip() in ("root", "state") for line in config.splitlines() if "=" in line
+    )
+    assert CONTAINERD_DIR == "/var/lib/containerd"  # containerd's documented default root
+    paths = dict(FILESYSTEMS)
+    for name, state in (("kubelet", KUBELET_DIR), ("containerd", CONTAINERD_DIR), ("data", DATA_DIR)):
+        assert Path(paths[name]).parent == Path(state)
+
+
+def test_the_health_agent_may_list_nodes_for_its_peers_and_only_its_writes_are_fenced() -> None:
+    from modules.platform import node_health as component
+
+    (nodes,) = [r for r in component.RULES["health"] if r["resources"] == ["nodes"]]
+    assert "list" in nodes["verbs"]  # type: ignore[operator]
+    policy = component.fence("health")[0]
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]
+
+
+def test_no_peers_asked_passes_no_peer_flag() -> None:
+    from modules.platform import node_health as component
+    from superkube.model.spec import NodePool
+
+    pool = NodePool.model_validate(
+        {"name": "cpu", "role": "cpu", "vm_size": "Standard_D16s_v5", "nodes": 3, "pod_ips_per_node": 15}
+    )
+    args = component.NodeHealthArgs(pools=[(pool, vmsizes.size(pool.vm_size, "test"))], peers=0)
+    container = component.daemonset(pool, vmsizes.size(pool.vm_size, "test"), args, "health")["spec"][
+        "template"
+    ]["spec"]["containers"][0]
+    assert not any(f.startswith("--peers") for f in container["command"])
+    with pytest.raises(ValueError, match="peers"):
+        component.NodeHealthArgs(pools=[], peers=1)
 
 
 def test_a_nodes_pod_limit_counts_exactly_the_host_network_pods_it_runs(any_plan: Plan) -> None:
@@ -524,6 +578,8 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
         # remediation (a user on the API-server hosts): a cordoned node's mark, then its Node object
         "superkube-remediation-nodes": "request.userInfo.username == 'superkube-remediation'",
         "superkube-remediation-nodes-delete": "request.userInfo.username == 'superkube-remediation'",
+        # and its ledger: the one ConfigMap it may create, where it counts the hour's deletions
+        "superkube-remediation-nodes-ledger": "request.userInfo.username == 'superkube-remediation'",
     }
     assert bindings == {name: {"policyName": name, "validationActions": ["Deny"]} for name in fenced}
     policies = {
@@ -532,9 +588,18 @@ def test_the_node_agents_may_evict_but_never_delete(any_plan: Plan) -> None:
     assert {
         name: p["spec"]["matchConditions"][0]["expression"].rsplit(":", 1)[-1] for name, p in policies.items()
     } == fenced
-    # remediation deletes Node objects and nothing else: no pods, no evictions
+    # remediation deletes Node objects and nothing else: no pods, no evictions; in kube-system, its
+    # ledger ConfigMap by name (a create cannot be named: its admission policy holds it to the name)
     assert {(r, v) for rule in roles["superkube-remediation"]["rules"] for r in rule["resources"]
             for v in rule["verbs"]} == {("nodes", v) for v in ("get", "list", "patch", "delete")}  # fmt: skip
+    (ledger,) = [
+        r
+        for r in of_kind(any_plan, "Role", "node-health")
+        if r["metadata"]["name"] == "superkube-remediation"
+    ]
+    assert ledger["metadata"]["namespace"] == "kube-system"
+    assert {(rule.get("resourceNames", ["*"])[0], v) for rule in ledger["rules"] for v in rule["verbs"]} == {
+        ("superkube-remediation", "get"), ("superkube-remediation", "update"), ("*", "create")}  # fmt: skip
 
 
 def test_periodic_gpu_tests_take_whole_idle_nodes_and_never_add_or_displace_any(any_plan: Plan) -> None:
@@ -586,6 +651,7 @@ def test_no_schedule_means_no_periodic_tests(write_stack: Callable[..., Path]) -
         "superkube-preflight-own-node",
         "superkube-remediation-nodes",  # remediation's, whatever the schedule
         "superkube-remediation-nodes-delete",
+        "superkube-remediation-nodes-ledger",
     ]
 
 

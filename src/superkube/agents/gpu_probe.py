@@ -22,8 +22,9 @@ from superkube.agents.gpu_burn import Performance
 from superkube.cluster import health
 
 THRESHOLDS = health.THRESHOLDS
-Level = Literal["healthy", "warning", "fatal"]
-ORDER = {"healthy": 0, "warning": 1, "fatal": 2}
+Level = Literal["healthy", "warning", "maintenance", "fatal"]
+"""maintenance: Azure's scheduled event for the VM (superkube.agents.scheduled_events), not a failure"""
+ORDER = {"healthy": 0, "warning": 1, "maintenance": 2, "fatal": 3}
 
 
 class ReadingError(ValueError):

@@ -51,6 +51,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -60,15 +61,19 @@ from superkube.agents.kubeapi import base_parser, connect, event, log_to_stderr,
 from superkube.agents.node_health import (
     ANNOTATION,
     ANNOTATION_AT,
+    CORDON_KIND,
     DRAINED_AT,
+    MAINTENANCE_AT,
     VERDICT_ANNOTATION,
     VERDICT_AT,
     Decision,
+    cordon_kind,
     cordon_patch,
     cordoned_by_us,
     decide,
     drained,
     evictable,
+    for_failure,
     in_preflight,
     reported,
 )
@@ -80,7 +85,12 @@ from superkube.model.spec import PREFLIGHT_TAINT_KEY
 COMPONENT = "superkube-node-health-controller"
 LEASE = COMPONENT
 log = logging.getLogger(COMPONENT)
-_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION, VERDICT_AT, DRAINED_AT, health.GPU_RESET)
+_KEPT = (ANNOTATION, ANNOTATION_AT, VERDICT_ANNOTATION, VERDICT_AT, DRAINED_AT, health.GPU_RESET, CORDON_KIND,
+         MAINTENANCE_AT)  # fmt: skip
+PODS_LEFT_S = 300.0
+"""From this long before a maintenance's NotBefore, the pods still on its node are named (an Event
+once per cordon, and superkube_health_maintenance_pods_left{pool}): the event is not approved while
+they are there, and Azure starts it at NotBefore with them on the node."""
 
 
 def slim(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,6 +137,13 @@ class Metrics:
             ["action", "dry_run"],
             registry=r,
         )
+        self.pods_left = Gauge(
+            "superkube_health_maintenance_pods_left",
+            "Pods still on the pool's nodes whose scheduled maintenance starts within PODS_LEFT_S (or has "
+            "started): the drain did not finish in time.",
+            ["pool"],
+            registry=r,
+        )
         self.leader = Gauge("superkube_health_leader", "1 while this replica leads.", registry=r)
         self.api_up = Gauge(
             "superkube_health_controller_api_up", "1 when the last round reached the API server.", registry=r
@@ -144,6 +161,10 @@ class Controller:
     dry_run: bool = False
     metrics: Metrics = field(default_factory=Metrics)
     held: set[str] = field(default_factory=set)  # nodes the breaker holds, warned about once
+    late: set[tuple[str, str]] = field(
+        default_factory=set
+    )  # (node, cordoned at) named before its maintenance
+    clock: Callable[[], float] = lambda: now().timestamp()
     draining: set[str] | None = None  # cordoned nodes with pods left; None: not known yet (a new leader)
 
     def round(self) -> dict[str, Decision]:
@@ -152,6 +173,7 @@ class Controller:
             self.metrics.leader.set(0)
             self.metrics.cordoned.clear()
             self.metrics.breaker.clear()
+            self.metrics.pods_left.clear()
             self.draining = None
             return {}
         self.metrics.leader.set(1)
@@ -173,16 +195,23 @@ class Controller:
         assert self.draining is not None
         done: dict[str, Decision] = {}
         open_ = False
+        pods_left = 0
         for i, node in enumerate(members):
             name = node["metadata"]["name"]
             verdict = reported(node)
-            if cordoned_by_us(node) and self._reset(node):
+            ours = cordoned_by_us(node)
+            if ours and self._reset(node):
                 continue
-            if verdict is None or verdict.level != "fatal" or in_preflight(node):
+            maintenance = ours and cordon_kind(node) == health.MAINTENANCE
+            if maintenance and self._maintenance_over(node, verdict):
+                continue
+            if maintenance and not drained(node):
+                pods_left += self._maintenance_due(node)
+            if verdict is None or verdict.level not in ("fatal", "maintenance") or in_preflight(node):
                 self.held.discard(name)
                 continue
-            ours = cordoned_by_us(node)
-            if ours and name not in self.draining:
+            converting = maintenance and verdict.level == "fatal"  # failed while cordoned for maintenance
+            if ours and name not in self.draining and not converting:
                 if not drained(node):  # evicted in an earlier round: mark it once its pods are gone
                     self._mark_drained(node)
                 continue
@@ -204,12 +233,60 @@ class Controller:
             if decision.cordon:  # the breaker's count for the next node includes this one
                 members[i] = {**node, "spec": {**node["spec"], "unschedulable": True},
                               "metadata": {**node["metadata"], "annotations": {
-                                  **node["metadata"]["annotations"], ANNOTATION: decision.cordon}}}  # fmt: skip
+                                  **node["metadata"]["annotations"], ANNOTATION: decision.cordon,
+                                  CORDON_KIND: decision.kind}}}  # fmt: skip
             done[name] = decision
         eligible = [n for n in members if not in_preflight(n)]
-        self.metrics.cordoned.labels(pool).set(sum(1 for n in eligible if cordoned_by_us(n)))
+        self.metrics.cordoned.labels(pool).set(sum(1 for n in eligible if for_failure(n)))
         self.metrics.breaker.labels(pool).set(1 if open_ else 0)
+        self.metrics.pods_left.labels(pool).set(pods_left)
         return done
+
+    def _maintenance_over(self, node: Mapping[str, Any], verdict: Any) -> bool:
+        """Uncordon a node cordoned for maintenance once its agent, since the cordon, no longer
+        reports maintenance (the event left the document: the VM is back) nor a failure. True: done
+        with the node this round."""
+        notes = node["metadata"].get("annotations") or {}
+        if verdict is None or verdict.level in ("fatal", "maintenance"):
+            return False
+        if notes.get(VERDICT_AT, "") < notes.get(ANNOTATION_AT, ""):
+            return False  # not reported on since the cordon
+        name, value = node["metadata"]["name"], notes.get(VERDICT_ANNOTATION, "")
+        body: dict[str, Any] = {
+            "spec": {"unschedulable": False},
+            "metadata": {
+                "annotations": {ANNOTATION: None, ANNOTATION_AT: None, DRAINED_AT: None, CORDON_KIND: None}
+            },
+        }
+        self._do("uncordon", f"uncordon {name}: its maintenance is over ({value})",
+                 lambda: self.kube.patch_node(name, body))  # fmt: skip
+        if self.draining is not None:
+            self.draining.discard(name)
+        self._event(node, "Normal", "MaintenanceOver",
+                    f"uncordoned: the scheduled maintenance is over and its agent reports {value}")  # fmt: skip
+        return True
+
+    def _maintenance_due(self, node: Mapping[str, Any]) -> int:
+        """The pods still on a node cordoned for maintenance, once the maintenance starts within
+        PODS_LEFT_S (or has started); named in a Warning Event once per cordon. The event is then left
+        to start at its NotBefore: approving it would only take the pods' last minutes."""
+        notes = node["metadata"].get("annotations") or {}
+        starts = notes.get(MAINTENANCE_AT, "")
+        if starts != "started":
+            at = _seconds(starts)
+            if at is None or self.clock() < at - PODS_LEFT_S:
+                return 0
+        name = node["metadata"]["name"]
+        pods = evictable(self.kube.pods_on(name))
+        key = (name, notes.get(ANNOTATION_AT, ""))
+        if pods and key not in self.late:
+            self.late.add(key)
+            listed = ", ".join(f"{p.namespace}/{p.name}" for p in pods)
+            when = "has started" if starts == "started" else f"starts at {starts}"
+            self._event(node, "Warning", "MaintenanceStartsWithPods",
+                        f"not approved: its maintenance {when} with {len(pods)} pods the drain has not moved "
+                        f"(a disruption budget, or slow to stop): {listed}")  # fmt: skip
+        return len(pods)
 
     def _reset(self, node: Mapping[str, Any]) -> bool:
         """The GPU reset of a node health cordoned: ask for it once the node is drained, when every
@@ -285,8 +362,12 @@ class Controller:
         name, at = node["metadata"]["name"], now()
         if decision.breaker_open:
             log.error("breaker open: %s", decision.events[0][2])
-        if decision.cordon:
-            body = cordon_patch(decision.cordon, at)
+        if decision.cordon and cordoned_by_us(node):  # a maintenance cordon whose node has since failed
+            change = {"metadata": {"annotations": {ANNOTATION: decision.cordon, CORDON_KIND: decision.kind}}}
+            self._do("recordon", f"cordon {name} for a failure: {decision.cordon}",
+                     lambda: self.kube.patch_node(name, change))  # fmt: skip
+        elif decision.cordon:
+            body = cordon_patch(decision.cordon, at, decision.kind)
             self._do("cordon", f"cordon {name}: {decision.cordon}", lambda: self.kube.patch_node(name, body))
         if decision.cordon or decision.evict:
             self.draining.add(name)  # until every pod is out: a later round tries what is left
@@ -314,6 +395,13 @@ class Controller:
         for type_, reason, message in decision.events:
             body = event(node, COMPONENT, type_, reason, message, at)
             self._do("event", f"event {reason} on {name}", functools.partial(self.kube.create_event, body))
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def _args(argv: list[str] | None) -> Any:

@@ -5,7 +5,10 @@ should not run jobs; warning: a person should look).
 - Filesystems (`--filesystem NAME=PATH`, each a directory the layer mounts read-only from the host,
   empty, on the filesystem to watch): full past `--full-warning`/`--full-fatal` (blocks or inodes),
   and remounted read-only (the filesystem's own options in the mount table, not those of the agent's
-  read-only view of it). An unreadable path is a warning with its reason, never a cordon.
+  read-only view of it). An unreadable path is a warning with its reason, never a cordon. A path on
+  the same filesystem (device) as one named before it is watched once, under the first name, and
+  said in a log line: a node without a data disk has its data directory on the root filesystem,
+  which is then judged as root, never a second time as a disk it does not have.
 - The kernel log (`--kernel-log`, kernel messages only, which the node's rsyslog writes to a file
   of their own; read-only): block-device and filesystem I/O errors logged since the agent started
   (the file is followed from its end: errors from before a reboot or a replaced disk are history,
@@ -17,6 +20,15 @@ should not run jobs; warning: a person should look).
 - Network reachability: a TCP connection to the API servers' address (`--api-address HOST:PORT`,
   the load balancer's, as the kubelet uses it) and a default route in the node's table
   (/proc/net/route; the agent runs on the host network).
+- Peers (`Peers`): a TCP connection to the kubelet port of a few nodes of the node's own pool. The
+  agent learns them from the API server with one label-selected list of at most `limit` nodes, at
+  start and about hourly after (jittered), never per round; of those it keeps the schedulable,
+  Ready ones with an InternalIP, chosen by a hash of both names (stable: the same peers while they
+  stay so). A peer not answering is the peer's problem: the pool is listed again in the same round
+  (when the last list is `relist_s` old) and the peer replaced, so a node scaled in costs no
+  finding; what still fails is a warning while other peers answer, and fatal only when none of at
+  least two answered for `--confirm-rounds` rounds in a row. A pool with fewer than two other such
+  nodes gives no finding (a log line).
 
 A check that talks to something (the kubelet, the runtime, the API servers, the route) is fatal
 only after `--confirm-rounds` rounds in a row failed: one lost connection is a blip, not a verdict;
@@ -25,23 +37,37 @@ the rounds before that are warnings that say how many.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
+import random
 import re
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from superkube.agents.gpu_probe import Finding
+from superkube.model.spec import POOL_LABEL
 
 FULL_WARNING = 0.90
 FULL_FATAL = 0.97
 IO_ERROR_HOLD_S = 3600.0
 CONFIRM_ROUNDS = 3
 ANSWER_TIMEOUT_S = 3.0
+KUBELET_PORT = 10250  # the kubelet's API, which every node serves: what a peer is reached on
+PEERS = 3
+MIN_PEERS = 2  # fewer known peers than this: no finding (one peer down would look like a partition)
+PEER_LIST_LIMIT = 100  # nodes of the pool one list returns at most (its cost at 7,500 nodes)
+PEER_REFRESH_S = 3600.0  # the pool is listed again about this often (jittered by a quarter either way)
+PEER_RELIST_S = 300.0  # after a peer failed: listed again, but never sooner than this after the last
 # what the kernel logs when a block device or a filesystem fails (SCSI/NVMe/virtio block layer,
 # buffer cache, ext4, XFS, btrfs); one line is enough
 IO_ERROR = re.compile(
@@ -52,7 +78,9 @@ IO_ERROR = re.compile(
 MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 # the checks by name, as metrics and findings call them
-CHECKS = ("filesystem", "kernel-io", "kubelet", "runtime", "api-servers", "default-route")
+CHECKS = ("filesystem", "kernel-io", "kubelet", "runtime", "api-servers", "default-route", "peers")
+
+log = logging.getLogger(__name__)
 
 
 def _unescape(field_: str) -> str:
@@ -170,6 +198,24 @@ def answers_tcp(address: str, timeout: float = ANSWER_TIMEOUT_S) -> str | None:
         return _why(e)
 
 
+def answers_tcp_then_tls(address: str, timeout: float = ANSWER_TIMEOUT_S) -> str | None:
+    """None when a TCP connection to HOST:PORT opens; else why not. A TLS handshake follows, its
+    outcome ignored (nothing is sent, so nothing is verified): a Go TLS server such as the kubelet
+    logs every connection closed before a handshake, and a peer's certificate is not this node's
+    network."""
+    host, _, port = address.rpartition(":")
+    try:
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except OSError as e:
+        return _why(e)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with sock, contextlib.suppress(OSError), context.wrap_socket(sock):
+        pass
+    return None
+
+
 def _why(e: OSError) -> str:
     reason = getattr(e, "reason", None)
     if isinstance(reason, (OSError, str)):
@@ -210,6 +256,150 @@ class Reachability:
         return [Finding("warning", None, f"{self.what}: {why} ({self.failed} of {self.confirm} rounds)")]
 
 
+def internal_ip(node: Mapping[str, Any]) -> str | None:
+    """The node's first InternalIP, as its kubelet registered it."""
+    for address in (node.get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP" and address.get("address"):
+            return str(address["address"])
+    return None
+
+
+def ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def choose_peers(
+    me: str, nodes: Iterable[Mapping[str, Any]], count: int, avoid: Iterable[str] = ()
+) -> list[tuple[str, str]]:
+    """Up to `count` peers of node `me` as (name, InternalIP): schedulable, Ready, with an address,
+    never itself. Ranked by a hash of both names, so each node picks its own and keeps them while
+    they stay eligible; those in `avoid` (failed in the last round) only when too few others are."""
+    eligible = {}
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        address = internal_ip(node)
+        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+        if name and name != me and address and ready(node) and not cordoned:
+            eligible[name] = address
+    shunned = set(avoid)
+    ranked = sorted(eligible, key=lambda n: (n in shunned, hashlib.sha256(f"{me}\0{n}".encode()).digest()))
+    return [(name, eligible[name]) for name in ranked[:count]]
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+@dataclass
+class Peers:
+    """A few nodes of this node's pool, learnt from the API server now and then, reached each round.
+
+    `list_nodes(label_selector, field_selector, limit)` is one list call (the Nodes, as plain
+    mappings); the round calls it only when the list is due."""
+
+    node: str
+    pool: str
+    list_nodes: Callable[[str, str, int], Sequence[Mapping[str, Any]]]
+    count: int = PEERS
+    port: int = KUBELET_PORT
+    limit: int = PEER_LIST_LIMIT
+    refresh_s: float = PEER_REFRESH_S
+    relist_s: float = PEER_RELIST_S
+    confirm: int = CONFIRM_ROUNDS
+    timeout: float = ANSWER_TIMEOUT_S
+    clock: Callable[[], float] = time.monotonic
+    jitter: Callable[[], float] = random.random
+    connect: Callable[[str, float], str | None] = answers_tcp_then_tls
+    known: list[tuple[str, str]] = field(default_factory=list)
+    listed_at: float | None = None
+    due_at: float = 0.0
+    avoid: set[str] = field(default_factory=set)
+    failed: int = 0
+    said: str = ""
+
+    def read(self) -> list[Finding]:
+        now = self.clock()
+        if self.listed_at is None or now >= self.due_at:
+            self._list(now)
+        if not self._enough():
+            return []
+        down = self._reach()
+        if down and self.listed_at is not None and now - self.listed_at >= self.relist_s:
+            # a peer gone (scaled in, failed) is replaced at once, without a finding here
+            self.avoid = {name for name, _ in down}
+            self._list(now)
+            if not self._enough():
+                return []
+            down = self._reach()
+        if not down:
+            self.failed = 0
+            return []
+        # those that failed are replaced at the next list, which comes `relist_s` after the last
+        self.avoid = {name for name, _ in down}
+        if self.listed_at is not None:
+            self.due_at = min(self.due_at, self.listed_at + self.relist_s)
+        said = ", ".join(f"{name} ({why})" for name, why in down)
+        if len(down) < len(self.known):
+            self.failed = 0
+            return [
+                Finding(
+                    "warning",
+                    None,
+                    f"{len(down)} of {len(self.known)} peers in the pool not answering: {said}",
+                )
+            ]
+        self.failed += 1
+        what = f"none of {len(self.known)} peers in the pool answering: {said}"
+        if self.failed >= self.confirm:
+            return [Finding("fatal", None, what)]
+        return [Finding("warning", None, f"{what} ({self.failed} of {self.confirm} rounds)")]
+
+    def _enough(self) -> bool:
+        """At least MIN_PEERS known; else no finding (said once)."""
+        if len(self.known) >= MIN_PEERS:
+            return True
+        self.failed = 0
+        if self.listed_at is not None:  # never listed: its error is said
+            self._say(
+                f"peers: {len(self.known)} other node(s) of the pool ready and schedulable "
+                f"({self.pool}); no peer check until there are {MIN_PEERS}"
+            )
+        return False
+
+    def _reach(self) -> list[tuple[str, str]]:
+        """(name, why) of the known peers that did not answer, all tried at once."""
+        addresses = [_host_port(address, self.port) for _, address in self.known]
+        with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+            whys = list(pool.map(lambda a: self.connect(a, self.timeout), addresses))
+        return [(name, why) for (name, _), why in zip(self.known, whys, strict=True) if why is not None]
+
+    def _list(self, now: float) -> None:
+        try:
+            nodes = self.list_nodes(
+                f"{POOL_LABEL}={self.pool}",
+                f"spec.unschedulable=false,metadata.name!={self.node}",
+                self.limit,
+            )
+        except Exception as e:  # the API server away or refusing: the peers known stay
+            self.due_at = now + min(self.relist_s, self.refresh_s)
+            log.error("peers: listing the pool's nodes failed, again in %.0f s: %s", self.due_at - now, e)
+            return
+        self.listed_at = now
+        self.due_at = now + self.refresh_s * (0.75 + 0.5 * self.jitter())
+        peers = choose_peers(self.node, nodes, self.count, self.avoid)
+        self.avoid = set()
+        if peers != self.known:
+            log.info("peers: %s", ", ".join(f"{n} ({a})" for n, a in peers) or "none")
+            self.said = ""
+        self.known = peers
+
+    def _say(self, line: str) -> None:
+        if line != self.said:
+            log.info(line)
+            self.said = line
+
+
 @dataclass
 class HostChecks:
     """Every host check of one node; `read()` gives this round's findings, by check."""
@@ -217,9 +407,13 @@ class HostChecks:
     filesystems: Sequence[tuple[str, str]] = ()
     kernel_log: KernelLog | None = None
     reachability: Sequence[Reachability] = ()
+    peers: Peers | None = None
     mountinfo: Path = Path("/proc/self/mountinfo")
     full_warning: float = FULL_WARNING
     full_fatal: float = FULL_FATAL
+    device: Callable[[str], int] = lambda path: os.stat(path).st_dev
+    shared: dict[str, str] = field(default_factory=dict)
+    """{name: the name it is watched under} for the paths on a filesystem named before them"""
 
     def read(self) -> dict[str, list[Finding]]:
         try:
@@ -227,12 +421,40 @@ class HostChecks:
         except OSError:
             table = None  # without the mount table only fullness is judged
         out: dict[str, list[Finding]] = {"filesystem": []}
-        for name, path in self.filesystems:
+        for name, path in self._distinct():
             out["filesystem"] += filesystem(name, path, table, self.full_warning, self.full_fatal)
         if self.kernel_log is not None:
             out["kernel-io"] = self.kernel_log.read()
         for check in self.reachability:
             out[check.name] = check.read()
+        if self.peers is not None:
+            out["peers"] = self.peers.read()
+        return out
+
+    def _distinct(self) -> list[tuple[str, str]]:
+        """The filesystems to judge this round: one name per device (an unreadable path is judged,
+        and so said)."""
+        first: dict[int, str] = {}
+        out, shared = [], {}
+        for name, path in self.filesystems:
+            try:
+                dev = self.device(path)
+            except OSError:
+                out.append((name, path))
+                continue
+            if dev in first:
+                shared[name] = first[dev]
+                continue
+            first[dev] = name
+            out.append((name, path))
+        for name, path in self.filesystems:
+            if shared.get(name) != self.shared.get(name):
+                if name in shared:
+                    log.info("filesystem %s (%s) is on %s's filesystem: watched once, as %s (no filesystem "
+                             "of its own mounted there)", name, path, shared[name], shared[name])  # fmt: skip
+                else:
+                    log.info("filesystem %s (%s) is a filesystem of its own: watched", name, path)
+        self.shared = shared
         return out
 
 

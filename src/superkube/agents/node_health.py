@@ -12,11 +12,12 @@ its own Node, in the annotation `superkube.io/health-verdict` ("fatal: <reasons>
 judges), only when it changed. A warning is also an Event on the node, once per
 distinct set of reasons.
 
-It reads and writes nothing but its own Node: its node comes from a watch on that one object
-(field selector `metadata.name`), so a steady fleet costs one idle watch per node. Cordoning and
+It writes nothing but its own Node: its node comes from a watch on that one object (field
+selector `metadata.name`), so a steady fleet costs one idle watch per node; with `--peers` it also
+lists a few of its pool's nodes, at start and hourly, to probe them (host_checks.Peers). Cordoning and
 eviction are fleet-wide decisions (the breaker counts a pool's cordoned nodes) and belong to one
 leader-elected controller, superkube.agents.health_controller, which follows every GPU node with a
-watch; the agent's admission policy lets it set its two annotations on its own node and nothing
+watch; the agent's admission policy lets it set its own annotations on its own node and nothing
 else. The decision logic both share is here (`decide`). Once the controller has drained a node it
 cordoned (the annotation `superkube.io/health-drained-at`), the agent approves the Reboot, Redeploy
 or Terminate that Azure scheduled for its VM, so Azure proceeds at once rather than at NotBefore.
@@ -66,6 +67,8 @@ ANNOTATION_AT = health.CORDONED_AT
 VERDICT_ANNOTATION = health.VERDICT  # the node's agent's last verdict, with its reasons
 VERDICT_AT = health.VERDICT_AT
 DRAINED_AT = health.DRAINED_AT  # the controller: every pod a drain moves is gone
+CORDON_KIND = health.CORDON_KIND  # a failure's cordon, or maintenance's
+MAINTENANCE_AT = health.MAINTENANCE_AT  # beside a maintenance verdict: when the event starts
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PROTECTED_NAMESPACES = health.PROTECTED_NAMESPACES  # never drained by health
 
@@ -80,6 +83,7 @@ class Decision:
     """What to do this round. `events` are (type, reason, message)."""
 
     cordon: str = ""  # the reason, when the node is to be cordoned
+    kind: str = health.FAILURE  # the cordon's kind (CORDON_KIND), or what a cordon of maintenance becomes
     evict: tuple[PodRef, ...] = ()
     events: tuple[tuple[str, str, str], ...] = ()
     breaker_open: bool = False
@@ -92,6 +96,17 @@ def _taints(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def in_preflight(node: Mapping[str, Any]) -> bool:
     return any(t.get("key") == PREFLIGHT_TAINT_KEY for t in _taints(node))
+
+
+def cordon_kind(node: Mapping[str, Any]) -> str:
+    """The kind of health's cordon on the node (a failure's when none was written)."""
+    notes = (node.get("metadata") or {}).get("annotations") or {}
+    return health.MAINTENANCE if notes.get(CORDON_KIND) == health.MAINTENANCE else health.FAILURE
+
+
+def for_failure(node: Mapping[str, Any]) -> bool:
+    """Cordoned by health for a failure: what the breaker counts and remediation may replace."""
+    return cordoned_by_us(node) and cordon_kind(node) == health.FAILURE
 
 
 def cordoned_by_us(node: Mapping[str, Any]) -> bool:
@@ -150,41 +165,67 @@ def decide(
     warned: str = "",
 ) -> Decision:
     """This round's actions for `node`, from its verdict, its pool's nodes and its pods. `warned` is
-    the warning already sent as an Event (sent once per distinct set of reasons)."""
+    the warning already sent as an Event (sent once per distinct set of reasons).
+
+    Maintenance (Azure's scheduled event) is cordoned as such and drained whatever the breaker says:
+    the VM goes down at NotBefore anyway, and pods moved ahead of it are pods not killed. The breaker
+    counts failures only (`health.may_cordon`: always one node of a pool, then the share)."""
     eligible = [n for n in pool_nodes if not in_preflight(n)]
-    cordoned = sum(1 for n in eligible if cordoned_by_us(n))
+    cordoned = sum(1 for n in eligible if for_failure(n))
     share = cordoned / len(eligible) if eligible else 0.0
     if verdict.level == "warning":
         summary = _summary(verdict, "warning")
         events = (("Warning", "GPUHealthWarning", summary),) if summary != warned else ()
         return Decision(events=events, cordoned_share=share)
-    if verdict.level != "fatal" or in_preflight(node):
+    if verdict.level not in ("fatal", "maintenance") or in_preflight(node):
         return Decision(cordoned_share=share)
+    kind = health.FAILURE if verdict.level == "fatal" else health.MAINTENANCE
+    reason = _summary(verdict, verdict.level)
     if cordoned_by_us(node):
-        # cordoned in an earlier round: move what is left (pods a PodDisruptionBudget held back)
-        return Decision(evict=evictable(pods), cordoned_share=share)
-    after = (cordoned + 1) / len(eligible) if eligible else 1.0
-    if after > max_cordoned_share:
-        message = (
-            f"not cordoning: {cordoned + 1} of {len(eligible)} nodes past preflight in this pool would be "
-            f"cordoned by health ({after:.1%} > {max_cordoned_share:.1%}); {_summary(verdict, 'fatal')}"
-        )[:MAX_MESSAGE]
-        return Decision(
-            events=(("Warning", "HealthBreakerOpen", message),), breaker_open=True, cordoned_share=share
-        )
-    reason = _summary(verdict, "fatal")
+        # cordoned in an earlier round: move what is left (pods a PodDisruptionBudget held back); a
+        # maintenance cordon whose node has since failed becomes a failure's (remediation's then)
+        if kind == health.FAILURE and cordon_kind(node) == health.MAINTENANCE:
+            events = (
+                (
+                    "Warning",
+                    cordon_reason(reason),
+                    f"failed while cordoned for maintenance: {reason}"[:MAX_MESSAGE],
+                ),
+            )
+            return Decision(
+                cordon=reason, kind=kind, evict=evictable(pods), events=events, cordoned_share=share
+            )
+        return Decision(evict=evictable(pods), kind=cordon_kind(node), cordoned_share=share)
+    after = share
+    if kind == health.FAILURE:
+        if not health.may_cordon(cordoned, len(eligible), max_cordoned_share):
+            after = (cordoned + 1) / len(eligible) if eligible else 1.0
+            message = (
+                f"not cordoning: {cordoned + 1} of {len(eligible)} nodes past preflight in this pool would be "
+                f"cordoned by health for failures ({after:.1%} > {max_cordoned_share:.1%}); {reason}"
+            )[:MAX_MESSAGE]
+            return Decision(
+                events=(("Warning", "HealthBreakerOpen", message),), breaker_open=True, cordoned_share=share
+            )
+        after = (cordoned + 1) / len(eligible) if eligible else 1.0
     pods_out = evictable(pods)
     cordon_events: list[tuple[str, str, str]] = [
-        ("Warning", cordon_reason(reason), f"cordoned: {reason}"[:MAX_MESSAGE])
+        (
+            "Warning" if kind == health.FAILURE else "Normal",
+            cordon_reason(reason),
+            f"cordoned: {reason}"[:MAX_MESSAGE],
+        )
     ]
     cordon_events += [("Normal", "GPUHealthEvict", f"evicting {p.namespace}/{p.name}") for p in pods_out]
-    return Decision(cordon=reason, evict=pods_out, events=tuple(cordon_events), cordoned_share=after)
+    return Decision(
+        cordon=reason, kind=kind, evict=pods_out, events=tuple(cordon_events), cordoned_share=after
+    )
 
 
 def cordon_reason(summary: str) -> str:
     """The Event reason of a cordon, by what its fatal findings were about."""
-    if "scheduled " in summary:
-        return "ScheduledEventCordon"
+    if summary.startswith(health.MAINTENANCE):
+        return "MaintenanceCordon"
     if "GPU" in summary:
         return "GPUHealthCordon"
     return "NodeHealthCordon"
@@ -195,9 +236,10 @@ def combined(verdict: gpu_probe.Verdict, more: list[gpu_probe.Finding]) -> gpu_p
     if not more:
         return verdict
     findings = [*verdict.findings, *more]
-    levels = {f.level for f in findings}
-    level = "fatal" if "fatal" in levels else "warning" if "warning" in levels else verdict.level
-    return gpu_probe.Verdict(verdict.node, level, findings)
+    level = max((f.level for f in findings), key=gpu_probe.ORDER.__getitem__, default=verdict.level)
+    return gpu_probe.Verdict(
+        verdict.node, max(level, verdict.level, key=gpu_probe.ORDER.__getitem__), findings
+    )
 
 
 def drained(node: Mapping[str, Any]) -> bool:
@@ -231,7 +273,7 @@ def note(verdict: gpu_probe.Verdict, node: Mapping[str, Any] | None = None) -> s
     if verdict.level == "fatal" and gpu_probe.reset_may_clear(verdict):
         # the hint is kept whole however long the reasons: the controller and remediation read it
         return _summary(verdict, "fatal")[: MAX_MESSAGE - len(health.RESET_HINT)] + health.RESET_HINT
-    if verdict.level in ("fatal", "warning"):
+    if verdict.level in ("fatal", "maintenance", "warning"):
         return _summary(verdict, verdict.level) or verdict.level
     return "healthy"
 
@@ -242,7 +284,7 @@ def reported(node: Mapping[str, Any]) -> gpu_probe.Verdict | None:
     if not value:
         return None
     level = value.split(":", 1)[0]
-    if level not in ("fatal", "warning"):
+    if level not in ("fatal", "maintenance", "warning"):
         return gpu_probe.Verdict(node["metadata"]["name"], "healthy", [])
     return gpu_probe.Verdict(node["metadata"]["name"], level, [_Reported(level, None, value)])
 
@@ -257,17 +299,17 @@ class _Reported(gpu_probe.Finding):
 # --- what goes to the API server (each body is checked against the official schema in tests) ----
 
 
-def cordon_patch(reason: str, at: datetime) -> dict[str, Any]:
-    """A merge patch of the node: unschedulable, with the reason and the time."""
-    return {
-        "metadata": {"annotations": {ANNOTATION: reason[:MAX_MESSAGE], ANNOTATION_AT: stamp(at)}},
-        "spec": {"unschedulable": True},
-    }
+def cordon_patch(reason: str, at: datetime, kind: str = health.FAILURE) -> dict[str, Any]:
+    """A merge patch of the node: unschedulable, with the reason, the kind and the time."""
+    notes = {ANNOTATION: reason[:MAX_MESSAGE], ANNOTATION_AT: stamp(at), CORDON_KIND: kind}
+    return {"metadata": {"annotations": notes}, "spec": {"unschedulable": True}}
 
 
-def report_patch(value: str, at: datetime) -> dict[str, Any]:
-    """A merge patch of the agent's own node: its verdict and when."""
-    return {"metadata": {"annotations": {VERDICT_ANNOTATION: value[:MAX_MESSAGE], VERDICT_AT: stamp(at)}}}
+def report_patch(value: str, at: datetime, starts_at: str = "") -> dict[str, Any]:
+    """A merge patch of the agent's own node: its verdict and when; beside a maintenance verdict, when
+    the maintenance starts (taken away with any other verdict)."""
+    notes = {VERDICT_ANNOTATION: value[:MAX_MESSAGE], VERDICT_AT: stamp(at)}
+    return {"metadata": {"annotations": {**notes, MAINTENANCE_AT: starts_at or None}}}
 
 
 # --- the agent ----------------------------------------------------------------------------------
@@ -292,7 +334,7 @@ class Metrics:
         self.findings = Gauge(
             "superkube_health_findings",
             "This round's findings on the node, by check (gpu, filesystem, kernel-io, kubelet, runtime, "
-            "api-servers, default-route, scheduled-event) and level.",
+            "api-servers, default-route, peers, scheduled-event) and level.",
             ["check", "level"],
             registry=r,
         )
@@ -304,8 +346,14 @@ class Metrics:
         )
         self.acknowledged = Counter(
             "superkube_health_events_acknowledged",
-            "Scheduled events approved after the node was drained, by type.",
+            "Scheduled events approved after the node was drained since its cordon, by type.",
             ["type"],
+            registry=r,
+        )
+        self.ignored = Counter(
+            "superkube_health_events_ignored",
+            "Scheduled events read but not acted on, by reason (scheduled_events.IGNORED), once per document.",
+            ["reason"],
             registry=r,
         )
         self.events_up = Gauge(
@@ -332,9 +380,12 @@ class Events:
     acked: set[str] = field(default_factory=set)
     pending: list[scheduled_events.Event] = field(default_factory=list)
 
+    starts_at: str = ""  # the earliest NotBefore of the due events ("started", "" for none)
+
     def read(self, metrics: Metrics) -> list[gpu_probe.Finding]:
         """This round's findings; a document that cannot be had or read is a log line (and
-        `superkube_health_events_up 0`), never a finding."""
+        `superkube_health_events_up 0`), never a finding; an event that cannot be acted on safely
+        is a log line and a count (`superkube_health_events_ignored_total{reason}`), never a finding."""
         try:
             self.vm = self.vm or self.client.vm_name()
             incarnation, events, bad = scheduled_events.parse(self.client.document())
@@ -343,20 +394,24 @@ class Events:
             log.error("scheduled events: %s", e)
             return []
         metrics.events_up.set(1)
-        found, self.pending, lines = scheduled_events.findings(events, self.vm, now(), self.lead_s)
-        if incarnation != self.incarnation:  # said once per document, not every round
-            for line in [*bad, *lines]:
+        judged = scheduled_events.judge(events, self.vm, now(), self.lead_s, malformed=len(bad))
+        self.pending, self.starts_at = judged.due, judged.starts_at
+        if incarnation != self.incarnation:  # said and counted once per document, not every round
+            for line in [*bad, *judged.lines]:
                 log.warning("scheduled events: %s", line)
+            for reason in judged.ignored:
+                metrics.ignored.labels(reason).inc()
             self.incarnation = incarnation
         for kind in scheduled_events.DRAINED_FIRST:
             metrics.scheduled.labels(kind).set(
                 sum(1 for e in events if e.type == kind and self.vm in e.resources)
             )
-        return found
+        return judged.findings
 
     def approve(self, metrics: Metrics) -> list[str]:
-        """Approve the due events not approved yet; their ids."""
-        ids = [e for e in self.pending if e.id not in self.acked]
+        """Approve the due events this agent may approve (`scheduled_events.approvable`) and has not
+        yet; their ids."""
+        ids = [e for e in self.pending if e.id not in self.acked and scheduled_events.approvable(e, self.vm)]
         if not ids:
             return []
         try:
@@ -429,7 +484,12 @@ class Agent:
                 log.warning("dry-run: would report %s", value)
             else:
                 (log.warning if verdict.level == "fatal" else log.info)("report: %s", value)
-                self.kube.patch_node(self.node, report_patch(value, at))
+                starts = (
+                    self.events.starts_at
+                    if self.events is not None and verdict.level == "maintenance"
+                    else ""
+                )
+                self.kube.patch_node(self.node, report_patch(value, at, starts))
         warning = verdict.level == "warning" and value != IN_PREFLIGHT  # preflight judges it for now
         if warning and value != self.warned and not self.dry_run:
             self.kube.create_event(event(node, COMPONENT, "Warning", "NodeHealthWarning"
@@ -469,6 +529,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="the node's routes (the agent runs on the host network)")  # fmt: skip
     h.add_argument("--confirm-rounds", type=int, default=host_checks.CONFIRM_ROUNDS,
                    help="failed rounds in a row before a reachability check is fatal")  # fmt: skip
+    h.add_argument("--peers", type=int, default=0,
+                   help="nodes of this node's pool to reach each round (their kubelet port); 0: none")  # fmt: skip
+    h.add_argument("--peer-port", type=int, default=host_checks.KUBELET_PORT)
+    h.add_argument("--peer-list-limit", type=int, default=host_checks.PEER_LIST_LIMIT,
+                   help="nodes of the pool one list of the API server returns at most")  # fmt: skip
+    h.add_argument("--peer-refresh", type=float, default=host_checks.PEER_REFRESH_S,
+                   help="seconds between lists of the pool (jittered); never one a round")  # fmt: skip
     e = p.add_argument_group("scheduled events")
     e.add_argument("--scheduled-events", default="",
                    help="the instance metadata service's base URL, e.g. http://169.254.169.254; empty: not read")  # fmt: skip
@@ -482,6 +549,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--full-warning and --full-fatal must be 0 < warning <= fatal <= 1")
     if args.confirm_rounds < 1:
         p.error("--confirm-rounds must be at least 1")
+    if args.peers and not (host_checks.MIN_PEERS <= args.peers <= args.peer_list_limit):
+        p.error(f"--peers must be 0 or from {host_checks.MIN_PEERS} to --peer-list-limit")
+    if args.peers and (args.peer_refresh < 60 or not 0 < args.peer_port < 65536):
+        p.error("--peer-refresh must be at least 60 seconds and --peer-port a TCP port")
     try:
         args.host = host_checks.build(
             args.filesystem, args.kernel_log, args.kubelet_healthz, args.runtime_metrics, args.api_address,
@@ -517,6 +588,18 @@ def main(argv: list[str] | None = None) -> int:
         events = None
         if args.scheduled_events:
             events = Events(scheduled_events.Client(args.scheduled_events.rstrip("/")), args.event_lead)
+        if args.peers:
+
+            def pool_nodes(labels: str, fields: str, limit: int) -> list[dict[str, Any]]:
+                found = kube.core.list_node(
+                    label_selector=labels, field_selector=fields, limit=limit, _request_timeout=10
+                )
+                return [kube.api.sanitize_for_serialization(n) for n in found.items]
+
+            args.host.peers = host_checks.Peers(
+                args.node, args.pool, pool_nodes, args.peers, args.peer_port, args.peer_list_limit,
+                args.peer_refresh, confirm=args.confirm_rounds,
+            )  # fmt: skip
         agent = Agent(
             args.node, args.pool, probe, kube, own, args.dry_run, metrics, host=args.host, events=events
         )

@@ -9,8 +9,10 @@ their instances and delete instances (`Microsoft.Compute/virtualMachineScaleSets
 nothing else (modules/cluster.py).
 
 Every `interval_s` seconds, as the leader:
-- a node cordoned by health (superkube.agents.node_health: unschedulable, with the cordon
-  annotation) whose drain is done (the controller's `superkube.io/health-drained-at`) and whose GPU
+- a node cordoned by health for a failure (superkube.agents.node_health: unschedulable, with the
+  cordon annotation, its kind not maintenance: a VM Azure reboots or redeploys comes back, and is
+  never deleted) whose drain since that cordon is done (the controller's
+  `superkube.io/health-drained-at`, not older than the cordon) and whose GPU
   reset, where one was worth trying, failed (or did not end within `reset_wait_s`), or whose
   cordon is older than its pool's deadline (`deadline_days`, default 7: pods a budget protects may
   keep a node busy that long), is deleted: its scale-set instance found from its name (a Uniform
@@ -23,8 +25,15 @@ Every `interval_s` seconds, as the leader:
 - a marked node whose instance is gone (404) has its Node object deleted (nothing else does: no
   cloud controller manager runs);
 - never more than `max_per_hour` deletions in an hour (a fleet-wide fault must not empty the fleet),
-  and never in a pool where health's share of cordoned nodes is past `max_cordoned_share` (the
-  health breaker's own limit: then a person looks first).
+  counted in the cluster (the ConfigMap kube-system/superkube-remediation: each deletion is written
+  there before Azure is asked, so a restart or a new leader counts it; no record, no deletion), and
+  never in a pool where more nodes are cordoned for failures than the health breaker lets in (one,
+  or `max_cordoned_share` of the pool past preflight where that is more: then a person looks first).
+
+Metrics (`--metrics-port`): `superkube_remediation_deletions_total{result}` (deleted, failed,
+refused: the instance was not the node), `superkube_remediation_held_nodes{reason}`,
+`superkube_remediation_budget_left`, `superkube_remediation_leader`,
+`superkube_remediation_rounds_total{result}`.
 
 Like the governor it is a host program on Debian's python3: this file and the governor's, copied side
 by side, and nothing else of superkube; the node facts it reads (annotation keys, the pool label, the
@@ -41,7 +50,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,14 +58,26 @@ from typing import Any, Protocol
 
 try:  # in the package; on a host, the governor's file beside this one
     from superkube.agents.scale_governor import (
+        NAMESPACE,
         AzureTags,
         KubeReader,
         ServiceError,
         _read_json,
+        metrics_options,
+        serve_metrics,
         service_parser,
     )
 except ImportError:  # pragma: no cover (the host's layout, run by the role's test)
-    from scale_governor import AzureTags, KubeReader, ServiceError, _read_json, service_parser
+    from scale_governor import (
+        NAMESPACE,
+        AzureTags,
+        KubeReader,
+        ServiceError,
+        _read_json,
+        metrics_options,
+        serve_metrics,
+        service_parser,
+    )
 
 log = logging.getLogger("superkube.remediation")
 
@@ -72,6 +92,8 @@ class NodeFacts:
     requested_at: str  # this service: it asked Azure to delete the node's VM
     pool_label: str
     preflight_taint: str
+    kind: str = ""  # node_health.CORDON_KIND: the cordon's kind
+    maintenance: str = "maintenance"  # the kind of a maintenance cordon (never deleted)
     verdict: str = ""  # node_health.VERDICT_ANNOTATION: the agent's verdict
     gpu_reset: str = ""  # health.GPU_RESET: the GPU reset's outcome
     reset_hint: str = ""  # health.RESET_HINT: ends a verdict a GPU reset may clear
@@ -103,6 +125,17 @@ class NodeFacts:
     def cordoned_by_health(self, node: Mapping[str, Any]) -> bool:
         notes = node["metadata"].get("annotations") or {}
         return self.cordoned in notes and bool((node.get("spec") or {}).get("unschedulable"))
+
+    def for_maintenance(self, node: Mapping[str, Any]) -> bool:
+        notes = node["metadata"].get("annotations") or {}
+        return bool(self.kind) and notes.get(self.kind) == self.maintenance
+
+    def drained_since_cordon(self, node: Mapping[str, Any]) -> bool:
+        """The controller's drained mark, made since the current cordon: a mark left from an earlier
+        cordon (a person uncordoned the node and it was cordoned again) is not this drain."""
+        notes = node["metadata"].get("annotations") or {}
+        drained, cordoned = notes.get(self.drained_at, ""), notes.get(self.cordoned_at, "")
+        return bool(drained) and drained >= cordoned
 
 
 COMPUTE_API = "2024-07-01"
@@ -137,11 +170,21 @@ def _at(value: str) -> float | None:
         return None
 
 
+def breaker_open(cordoned: int, eligible: int, share: float) -> bool:
+    """superkube.cluster.health.breaker_open, here too (this file ships alone; a test holds them equal)."""
+    return cordoned > max(1, int(share * eligible + 1e-9))
+
+
+HELD = ("maintenance", "breaker", "not-drained", "gpu-reset", "unknown-scale-set", "budget")
+"""Why a node cordoned by health is not deleted now: the label of superkube_remediation_held_nodes."""
+
+
 @dataclass(frozen=True)
 class Decision:
     delete: list[str]  # nodes whose instances to delete now
     forget: list[str]  # requested nodes whose instances are gone: delete their Node objects
     held: dict[str, str]  # node -> why not now
+    reasons: dict[str, str] = field(default_factory=dict, compare=False)  # node -> its HELD reason
 
 
 def decide(
@@ -159,46 +202,140 @@ def decide(
     delete: list[str] = []
     forget: list[str] = []
     held: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+
+    def hold(name: str, reason: str, why: str) -> None:
+        held[name], reasons[name] = why, reason
+
     by_pool: dict[str, list[Mapping[str, Any]]] = {}
     for n in nodes:
         by_pool.setdefault(facts.pool(n), []).append(n)
     candidates = []
     for pool, members in by_pool.items():
         eligible = [n for n in members if not facts.in_preflight(n)]
-        ours = [n for n in eligible if facts.cordoned_by_health(n)]
-        breaker = bool(eligible) and len(ours) / len(eligible) > max_cordoned_share
-        for n in ours:
+        cordoned = [n for n in eligible if facts.cordoned_by_health(n)]
+        ours = [n for n in cordoned if not facts.for_maintenance(n)]
+        breaker = bool(eligible) and breaker_open(len(ours), len(eligible), max_cordoned_share)
+        for n in cordoned:
             name = n["metadata"]["name"]
             notes = n["metadata"].get("annotations") or {}
             if facts.requested_at in notes:
                 if gone(name):
                     forget.append(name)
                 continue
+            if facts.for_maintenance(n):
+                hold(name, "maintenance", "cordoned for Azure's scheduled maintenance: its VM comes back")
+                continue
             if breaker:
-                held[name] = (
-                    f"pool {pool}: {len(ours)} of {len(eligible)} nodes cordoned by health, past the breaker"
-                )
+                hold(name, "breaker",
+                     f"pool {pool}: {len(ours)} of {len(eligible)} nodes cordoned by health for failures, past the breaker")  # fmt: skip
                 continue
             cordoned_at = _at(notes.get(facts.cordoned_at, ""))
             deadline = deadlines_days.get(pool, 7.0) * DAY_S
-            drained = bool(notes.get(facts.drained_at))
+            drained = facts.drained_since_cordon(n)
             late = cordoned_at is not None and now - cordoned_at >= deadline
             if not (drained or late):
-                held[name] = "not drained yet, and its deadline has not passed"
+                hold(name, "not-drained", "not drained since its cordon, and its deadline has not passed")
                 continue
             if not late and facts.awaiting_reset(n, now, reset_wait_s):
-                held[name] = "its GPU reset is due, under way, or cleared it: the node may come back"
+                hold(
+                    name,
+                    "gpu-reset",
+                    "its GPU reset is due, under way, or cleared it: the node may come back",
+                )
                 continue
             if instance_of(name, sets) is None:
-                held[name] = "no scale set of this cluster names it"
+                hold(name, "unknown-scale-set", "no scale set of this cluster names it")
                 continue
             candidates.append((cordoned_at or 0.0, name))
     for _, name in sorted(candidates):
         if len(delete) >= left_this_hour:
-            held[name] = "the hour's deletions are spent"
+            hold(name, "budget", "the hour's deletions are spent")
             continue
         delete.append(name)
-    return Decision(delete, forget, held)
+    return Decision(delete, forget, held, reasons)
+
+
+LEDGER = "superkube-remediation"
+"""The ConfigMap (in the autoscaler's namespace) that counts the last hour's deletions."""
+HOUR_S = 3600.0
+
+
+class Ledger:
+    """The deletions of the last hour, kept in the cluster so that the hour's limit holds across a
+    restart and a change of leader: `data.deletions` is a JSON list of [stamp, node]. Written before
+    each deletion, with the resourceVersion it was read at (two writers: one fails, and deletes
+    nothing this round)."""
+
+    def __init__(self, kube: Any, namespace: str = NAMESPACE, name: str = LEDGER) -> None:
+        self.kube, self.namespace, self.name = kube, namespace, name
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/configmaps/{self.name}"
+
+    def _read(self) -> tuple[Mapping[str, Any] | None, list[list[str]]]:
+        cm = self.kube.get(self.path)
+        if cm is None:
+            return None, []
+        try:
+            entries = json.loads(((cm.get("data") or {}).get("deletions")) or "[]")
+            ok = isinstance(entries, list) and all(
+                isinstance(e, list) and len(e) == 2 and _at(str(e[0])) is not None for e in entries
+            )
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ServiceError(f"{self.path}: data.deletions is not a list of [time, node]: fix or delete it")
+        return cm, entries
+
+    def recent(self, now: float) -> list[float]:
+        """When each deletion of the last hour was asked for."""
+        _, entries = self._read()
+        times = [_at(str(e[0])) for e in entries]
+        return sorted(t for t in times if t is not None and now - t < HOUR_S)
+
+    def record(self, node: str, now: float) -> None:
+        """Count one deletion (and drop those older than an hour); ServiceError if it was not written."""
+        cm, entries = self._read()
+        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        kept = [e for e in entries if now - (_at(str(e[0])) or 0.0) < HOUR_S] + [[stamp, node]]
+        data = {"deletions": json.dumps(kept)}
+        if cm is None:
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": self.name, "namespace": self.namespace}, "data": data}  # fmt: skip
+            self.kube.create(f"/api/v1/namespaces/{self.namespace}/configmaps", body)
+        else:
+            self.kube.replace(self.path, {**cm, "data": {**(cm.get("data") or {}), **data}})
+
+
+class Metrics:
+    """What an operator and the alerts need from remediation."""
+
+    RESULTS = ("deleted", "failed", "refused")
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = r = CollectorRegistry()
+        self.deletions = Counter("superkube_remediation_deletions",
+                                 "Instance deletions asked of Azure, by result (deleted, failed; refused: the "
+                                 "instance was not the node).", ["result"], registry=r)  # fmt: skip
+        self.held = Gauge("superkube_remediation_held_nodes",
+                          "Nodes cordoned by health not deleted this round, by reason (remediation.HELD).",
+                          ["reason"], registry=r)  # fmt: skip
+        self.budget = Gauge("superkube_remediation_budget_left",
+                            "Deletions left in the last hour's limit (counted in the cluster).", registry=r)  # fmt: skip
+        self.leader = Gauge("superkube_remediation_leader",
+                            "1 while the autoscaler on this host leads, so this remediation acts.", registry=r)  # fmt: skip
+        self.rounds = Counter("superkube_remediation_rounds", "Rounds run as the leader, by result (ok, failed).",
+                              ["result"], registry=r)  # fmt: skip
+        for result in self.RESULTS:
+            self.deletions.labels(result)
+        for reason in HELD:
+            self.held.labels(reason)
+        for result in ("ok", "failed"):
+            self.rounds.labels(result)
 
 
 class Instances(Protocol):
@@ -268,7 +405,7 @@ class AzureInstances(AzureTags):
 
 @dataclass
 class Remediation:
-    kube: Any  # NodeWriter, or anything with get/patch/delete
+    kube: Any  # NodeWriter, or anything with get/patch/delete/create/replace
     instances: Instances
     facts: NodeFacts
     sets: Sequence[ScaleSet]
@@ -277,12 +414,15 @@ class Remediation:
     max_cordoned_share: float
     clock: Callable[[], float] = time.time
     reset_wait_s: float = 3600.0
-    done: deque[float] = field(default_factory=deque)  # when each deletion of the last hour was asked
+    metrics: Metrics | None = None
+    ledger: Ledger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.kube)
 
     def once(self) -> Decision:
         now = self.clock()
-        while self.done and now - self.done[0] >= 3600:
-            self.done.popleft()
+        left = self.max_per_hour - len(self.ledger.recent(now))
         nodes = (self.kube.get("/api/v1/nodes") or {}).get("items") or []
 
         def gone(name: str) -> bool:
@@ -290,7 +430,7 @@ class Remediation:
             return found is not None and self.instances.computer_name(found[0].name, found[1]) is None
 
         decision = decide(nodes, self.facts, self.sets, self.deadlines_days, self.max_cordoned_share,
-                          self.max_per_hour - len(self.done), now, gone, self.reset_wait_s)  # fmt: skip
+                          left, now, gone, self.reset_wait_s)  # fmt: skip
         for name in decision.delete:
             found = instance_of(name, self.sets)
             assert found is not None
@@ -301,24 +441,41 @@ class Remediation:
             if actual is None or actual.lower() != name.lower():
                 log.error("%s: instance %s of %s is %s, not this node; not deleting", name, instance_id,
                           scale_set.name, actual or "gone")  # fmt: skip
+                self._count("refused")
                 continue
-            self.instances.delete(scale_set.name, instance_id)
-            self.done.append(now)
-            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            self.kube.patch(
-                f"/api/v1/nodes/{name}", {"metadata": {"annotations": {self.facts.requested_at: stamp}}}
-            )
+            self.ledger.record(
+                name, now
+            )  # counted before it is asked: a crash after it over-counts, never under
+            left -= 1
             notes = (
                 next(n for n in nodes if n["metadata"]["name"] == name)["metadata"].get("annotations") or {}
             )
             log.warning("%s: deleting instance %s of %s (%s)", name, instance_id, scale_set.name,
                         notes.get(self.facts.cordoned, ""))  # fmt: skip
+            try:
+                self.instances.delete(scale_set.name, instance_id)
+            except ServiceError:
+                self._count("failed")
+                raise
+            self._count("deleted")
+            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self.kube.patch(
+                f"/api/v1/nodes/{name}", {"metadata": {"annotations": {self.facts.requested_at: stamp}}}
+            )
         for name in decision.forget:
             self.kube.delete(f"/api/v1/nodes/{name}")
             log.warning("%s: its instance is gone; Node deleted", name)
         for name, why in decision.held.items():
             log.info("%s: held: %s", name, why)
+        if self.metrics is not None:
+            for reason in HELD:
+                self.metrics.held.labels(reason).set(sum(1 for r in decision.reasons.values() if r == reason))
+            self.metrics.budget.set(max(left, 0))
         return decision
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.deletions.labels(result).inc()
 
 
 class NodeWriter(KubeReader):
@@ -386,6 +543,7 @@ class ServiceConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = service_parser("superkube-remediation", (__doc__ or "").splitlines()[0])
+    metrics_options(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -396,17 +554,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.check:
         return 0
+    metrics = Metrics()
+    if not serve_metrics(args, metrics.registry, "superkube-remediation"):
+        return 1
     remediation = Remediation(
         kube, AzureInstances(config.scope, config.client_id, config.arm, config.imds),
         NodeFacts(**config.node_facts), config.sets(),
         config.deadline_days, config.max_per_hour, config.max_cordoned_share,
-        reset_wait_s=config.reset_wait_s,
+        reset_wait_s=config.reset_wait_s, metrics=metrics,
     )  # fmt: skip
     while True:
         try:
-            if kube.leader() == args.host:
+            leading = kube.leader() == args.host
+            metrics.leader.set(1 if leading else 0)
+            if leading:
                 remediation.once()
+                metrics.rounds.labels("ok").inc()
         except ServiceError as exc:
+            metrics.rounds.labels("failed").inc()
             log.error("%s; next round in %.0f s", exc, config.interval_s)
         time.sleep(config.interval_s)
 

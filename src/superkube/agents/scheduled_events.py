@@ -17,18 +17,30 @@ https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events, api-v
   https://learn.microsoft.com/azure/virtual-machine-scale-sets/virtual-machine-scale-sets-terminate-notification).
 - EventStatus: Scheduled (NotBefore is when it will start unless approved), then Started (NotBefore
   empty). An event Azure cancels leaves the list.
-- Minimum notice, by type: Freeze, Reboot and Redeploy 15 minutes; Preempt 30 seconds; Terminate
-  the scale set's timeout. A migration for predicted hardware failure may come days ahead.
+- Minimum notice, by type: Freeze and Reboot 15 minutes, Redeploy 10; Preempt 30 seconds;
+  Terminate the scale set's timeout. There is no Completed status: an event that is over is no
+  longer in the document. A migration for predicted hardware failure may come days ahead.
 - Resources names the VMs the event affects: every VM of a scale set's placement group sees the
   document, so an event counts only when it names this VM (`compute.name` in its instance metadata).
-- Approving: `POST` the same URL with `{"StartRequests": [{"EventId": "..."}]}`.
+- Approving: `POST` the same URL with `{"StartRequests": [{"EventId": "..."}]}`. An approval lets
+  the event proceed for every VM in its Resources, not only the one that approved it.
 
-What superkube does with them (`findings`): a Reboot, Redeploy or Terminate for this VM is fatal
-once it is less than `lead` away (or Started), so the health controller cordons and drains the node
-ahead of it; further ahead it is a warning (jobs keep the node until the lead). A Freeze of at most
-30 s is logged only (a longer one is a warning); a Preempt cannot happen on the pools (none is Spot)
-and is logged. Anything else (a malformed document, an unknown type, another VM's event) is a log
-line, never a cordon.
+What each type means (that page's table): Freeze pauses the VM for seconds (memory and open files
+kept); Reboot restarts it (non-persistent memory lost); Redeploy moves it to another host
+(ephemeral disks lost); Preempt deletes a Spot VM; Terminate deletes the VM. All but Terminate end
+with the same VM back, so none of them is a failure.
+
+What superkube does with them (`judge`): a Reboot, Redeploy or Terminate for this VM, or a Freeze
+longer than `FREEZE_LOG_ONLY_S`, is maintenance once it is less than `lead` away (or Started): the
+health controller cordons the node as maintenance (never as a failure, so remediation never
+deletes its VM) and drains it; the agent approves the event once the drain since that cordon is
+done, and only an event for this VM alone (`approvable`: approving one that names other VMs would
+start it on them, drained or not; those start at NotBefore); once the event has left the document the agent reports the node healthy again and the
+controller uncordons it. A Terminate's VM does not come back. Further ahead an event is a warning
+(jobs keep the node until the lead). A Freeze of at most 30 s is logged only. Anything the agent
+cannot act on safely is a log line and a count in `ignored` by reason, never a cordon: a malformed
+event, an unknown type, another VM's event, a Scheduled event with no NotBefore, a Freeze of
+unknown length (DurationInSeconds -1), a Preempt (no pool is Spot).
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -50,7 +62,7 @@ API_VERSION = "2020-07-01"
 DRAINED_FIRST = ("Reboot", "Redeploy", "Terminate")
 KNOWN = (*DRAINED_FIRST, "Freeze", "Preempt")
 FREEZE_LOG_ONLY_S = 30
-LEAD_S = 20 * 60  # Reboot and Redeploy come at least 15 minutes ahead; Terminate 5 to 15
+LEAD_S = 20 * 60  # Reboot and Freeze come at least 15 minutes ahead, Redeploy 10; Terminate 5 to 15
 
 
 class EventsError(Exception):
@@ -113,34 +125,71 @@ def _event(raw: Mapping[str, Any]) -> Event:
     )
 
 
-def findings(
-    events: Iterable[Event], vm: str, at: datetime, lead_s: float = LEAD_S
-) -> tuple[list[Finding], list[Event], list[str]]:
-    """(findings, the events to acknowledge once drained, log lines) for this VM at `at`."""
-    out: list[Finding] = []
-    to_ack: list[Event] = []
-    lines: list[str] = []
+def approvable(event: Event, vm: str) -> bool:
+    """May this VM's agent approve the event once its node is drained: still Scheduled, and for this
+    VM alone (an approval starts it for every VM it names)."""
+    return event.status == "Scheduled" and event.resources == (vm,)
+
+
+@dataclass
+class Judgement:
+    """One document judged for one VM at one time."""
+
+    findings: list[Finding] = field(default_factory=list)
+    due: list[Event] = field(default_factory=list)  # maintenance within the lead, to approve once drained
+    lines: list[str] = field(default_factory=list)  # what to log
+    ignored: list[str] = field(default_factory=list)  # a reason per event not acted on (IGNORED)
+
+    @property
+    def starts_at(self) -> str:
+        """The earliest NotBefore of the due events as a stamp, "started" if one has started, "" if none."""
+        if any(e.not_before is None for e in self.due):
+            return "started"
+        times = sorted(e.not_before for e in self.due if e.not_before is not None)
+        return times[0].strftime("%Y-%m-%dT%H:%M:%SZ") if times else ""
+
+
+IGNORED = ("malformed", "unknown-type", "other-vm", "no-not-before", "freeze-unknown-length", "preempt")
+"""Why an event was not acted on: the label of the agent's count of them."""
+
+
+def judge(
+    events: Iterable[Event], vm: str, at: datetime, lead_s: float = LEAD_S, malformed: int = 0
+) -> Judgement:
+    """What this VM's agent reports for the document's events at `at` (`malformed`: how many could
+    not be read at all, each counted)."""
+    j = Judgement(ignored=["malformed"] * malformed)
+
+    def ignore(reason: str, line: str) -> None:
+        j.ignored.append(reason)
+        j.lines.append(f"ignored: {line}")
+
     for e in events:
         if vm not in e.resources:
-            lines.append(f"ignored: {e} is for {', '.join(e.resources) or 'no VM'}, not {vm}")
+            ignore("other-vm", f"{e} is for {', '.join(e.resources) or 'no VM'}, not {vm}")
             continue
         if e.type not in KNOWN:
-            lines.append(f"ignored: {e}: unknown event type")
-            continue
-        if e.type == "Freeze":
-            if 0 <= e.duration_s <= FREEZE_LOG_ONLY_S:
-                lines.append(f"{e}: a pause of {e.duration_s} s, logged only")
-            else:
-                out.append(Finding("warning", None, f"scheduled {e} of {e.duration_s} s"))
+            ignore("unknown-type", f"{e}: unknown event type")
             continue
         if e.type == "Preempt":
-            lines.append(f"{e}: Spot eviction, which no pool uses")
+            ignore("preempt", f"{e}: Spot eviction, which no pool uses")
             continue
+        if e.status == "Scheduled" and e.not_before is None:
+            ignore("no-not-before", f"{e}: Scheduled with no NotBefore, so no time to drain by")
+            continue
+        if e.type == "Freeze":
+            if e.duration_s < 0:
+                ignore("freeze-unknown-length", f"{e}: a pause of unknown length")
+                continue
+            if e.duration_s <= FREEZE_LOG_ONLY_S:
+                j.lines.append(f"{e}: a pause of {e.duration_s} s, logged only")
+                continue
         due = e.not_before is None or (e.not_before - at).total_seconds() <= lead_s
-        out.append(Finding("fatal" if due else "warning", None, f"scheduled {e}"))
-        if due and e.status == "Scheduled":
-            to_ack.append(e)
-    return out, to_ack, lines
+        what = f"scheduled {e}" + (f" of {e.duration_s} s" if e.type == "Freeze" else "")
+        j.findings.append(Finding("maintenance" if due else "warning", None, what))
+        if due:
+            j.due.append(e)
+    return j
 
 
 def _request(url: str, body: bytes | None, timeout: float) -> Any:

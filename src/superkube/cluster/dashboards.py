@@ -138,6 +138,7 @@ SCRAPED_BY: dict[str, str] = {
     "superkube_preflight_": "node-agents",
     "superkube_gpu_reset": "node-agents",  # the GPU reset's pods (the node-health component)
     "superkube_scale_governor_": "scale-governor",
+    "superkube_remediation_": "remediation",
     "superkube_join_tokens_": "join-tokens",
     "superkube_serving_certs": "platform-agents",
     "superkube_team_": "platform-agents",  # the team-taints reconciler and the team webhook
@@ -150,6 +151,10 @@ NOT_SCRAPED: dict[str, str] = {}
 
 _AUTOSCALER_ONLY = (
     "only cluster-autoscaler makes these, and it runs against Azure's scale sets; the lab runs none"
+)
+_REMEDIATION_OFF = (
+    "remediation deletes Azure VMs from the API-server hosts as its own identity; the lab has no Azure "
+    "and does not start it (remediation_start is off there)"
 )
 _GOVERNOR_ONLY = (
     "the scale governor runs only beside cluster-autoscaler on the API-server hosts, and acts by "
@@ -181,6 +186,8 @@ LAB_EMPTY: dict[str, str] = {
     "superkube-node-joins/Serving certificates decided in the last hour": _APPROVER_OUTSIDE,
     "superkube-node-joins/Serving-certificate denials in the last hour, by reason": _APPROVER_OUTSIDE,
     "superkube-health/GPU reset requests and their end, in the last hour": _GPU_RESET_ONLY,
+    "superkube-health/VMs deleted in the last hour, and the hour's deletions left": _REMEDIATION_OFF,
+    "superkube-health/Cordoned nodes remediation holds, by reason": _REMEDIATION_OFF,
     "superkube-health/GPU resets in the last hour, by outcome": _GPU_RESET_ONLY,
     "superkube-monitoring/vminsert to vmstorage: rows waiting, storage hosts reachable": _CLUSTER_STORE_ONLY,
 }
@@ -664,7 +671,7 @@ def _health() -> Board:
                     panel(
                         "Findings by check and level",
                         "This round's findings over every node (gpu, filesystem, kernel-io, kubelet, "
-                        "runtime, api-servers, default-route, scheduled-event).",
+                        "runtime, api-servers, default-route, peers, scheduled-event).",
                         q(f"sum by (check, level) (superkube_health_findings{{{C}}})", "{{check}} {{level}}"),
                     ),
                     panel(
@@ -744,6 +751,30 @@ def _health() -> Board:
                         q(
                             f"sum by (type) (increase(superkube_health_events_acknowledged_total{{{C}}}[1h]))",
                             "{{type}} approved",
+                        ),
+                    ),
+                    panel(
+                        "VMs deleted in the last hour, and the hour's deletions left",
+                        "Remediation's deletions by result (refused: the instance was not the node) and "
+                        "its budget, counted in the cluster (RemediationBudgetSpent, RemediationFailing).",
+                        q(
+                            f"sum by (result) (increase(superkube_remediation_deletions_total{{{C}}}[1h]))",
+                            "{{result}}",
+                        ),
+                        q(
+                            f"sum(superkube_remediation_budget_left{{{C}}} and on (instance) "
+                            f"superkube_remediation_leader{{{C}}} == 1)",
+                            "left this hour",
+                        ),
+                    ),
+                    panel(
+                        "Cordoned nodes remediation holds, by reason",
+                        "Maintenance cordons are never deleted; breaker, budget and unknown-scale-set need "
+                        "a person after an hour (RemediationHeldLong).",
+                        q(
+                            f"sum by (reason) (superkube_remediation_held_nodes{{{C}}} and on (instance) "
+                            f"superkube_remediation_leader{{{C}}} == 1)",
+                            "{{reason}}",
                         ),
                     ),
                     panel(

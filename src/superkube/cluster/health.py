@@ -16,6 +16,15 @@ VERDICT = "superkube.io/health-verdict"
 VERDICT_AT = "superkube.io/health-verdict-at"
 DRAINED_AT = "superkube.io/health-drained-at"
 """The controller: every pod a drain moves is gone from the node it cordoned."""
+CORDON_KIND = "superkube.io/health-cordon-kind"
+"""Why health cordoned the node: FAILURE (remediation's to replace once drained) or MAINTENANCE
+(Azure's scheduled event: never replaced, uncordoned once the event is over). A cordon without it
+is a failure's (cordons made before the kind was written)."""
+FAILURE = "failure"
+MAINTENANCE = "maintenance"
+MAINTENANCE_AT = "superkube.io/health-maintenance-at"
+"""The agent, beside a maintenance verdict: the earliest NotBefore of the events it is for (a stamp),
+or "started". The controller names the pods still on the node as that time comes."""
 REMEDIATION_REQUESTED_AT = "superkube.io/remediation-requested-at"
 """Remediation asked Azure to delete the node's VM."""
 GPU_TEST_RESULT = "superkube.io/gpu-test-result"
@@ -25,6 +34,9 @@ PROTECTED_NAMESPACES = ("kube-system", SYSTEM_NAMESPACE)
 superkube's own pods (agents, balloons), which a node's drain does not need moved."""
 THRESHOLDS = Path(__file__).resolve().parents[1] / "data" / "gpu_health.yaml"
 """The GPU probe's thresholds: the agents read them, the layer ships them as a ConfigMap."""
+HEALTH_FS_DIR = "/var/lib/superkube/health"
+"""An empty directory on a node's root filesystem: the health agent watches its filesystem (fullness,
+read-only flag) through a read-only mount, and the lab's disk-full fault fills it."""
 GPU_RESET = "superkube.io/gpu-reset"
 """The GPU reset's outcome on its node, written by the reset agent (superkube.agents.gpu_reset) and
 nothing else: "cleared <time> xids=<gpu>:<xid>,..." (the Xids dcgm-exporter still reports from before
@@ -58,3 +70,15 @@ def reset_outcome(value: str) -> tuple[str, str, dict[int, int]]:
                     if gpu.isdigit() and xid.isdigit():
                         forgiven[int(gpu)] = int(xid)
     return word, at, forgiven
+
+
+def may_cordon(cordoned: int, eligible: int, share: float) -> bool:
+    """The breaker: may one more of a pool's `eligible` nodes (past preflight) be cordoned for a failure,
+    with `cordoned` already? Always the first (a pool of 1 to 19 nodes at 5 % would otherwise never
+    lose a broken node), then while the share stays within `share`."""
+    return cordoned == 0 or (cordoned + 1) <= share * eligible + 1e-9
+
+
+def breaker_open(cordoned: int, eligible: int, share: float) -> bool:
+    """Past the breaker: more of the pool cordoned for failures than `may_cordon` would have let in."""
+    return cordoned > max(1, int(share * eligible + 1e-9))

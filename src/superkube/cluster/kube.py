@@ -65,6 +65,7 @@ TEAM_WEBHOOK_METRICS_PORT = 9471  # the team webhook's plain-HTTP /metrics, besi
 # the programs ship alone, without this module)
 SCALE_GOVERNOR_METRICS_PORT = 9469
 JOIN_TOKENS_METRICS_PORT = 9470
+REMEDIATION_METRICS_PORT = 9472
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # every namespace's own name, set by the API server
 SYSTEM_NAMESPACE = "superkube-system"  # superkube's own workloads in the cluster (agents, balloons)
@@ -202,6 +203,7 @@ def facts(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         "node_agents_metrics_port": NODE_AGENTS_METRICS_PORT,
         "scale_governor_metrics_port": SCALE_GOVERNOR_METRICS_PORT,
         "join_tokens_metrics_port": JOIN_TOKENS_METRICS_PORT,
+        "remediation_metrics_port": REMEDIATION_METRICS_PORT,
         "prometheus_pki_dir": PROMETHEUS_PKI_DIR,
         # monitoring: shard i runs on prometheus_ips[i] and writes to metrics_store_write_urls[i]
         "prometheus_ips": [str(ip) for ip in addresses.prometheus_ips],

@@ -48,6 +48,7 @@ from superkube.cluster.kube import (
     NODE_HEALTH_COMPONENT,
     PROMETHEUS_PKI_DIR,
     PROMETHEUS_PORT,
+    REMEDIATION_METRICS_PORT,
     SCALE_GOVERNOR_METRICS_PORT,
     SERVING_CERTS_COMPONENT,
     SYSTEM_NAMESPACE,
@@ -192,6 +193,13 @@ def jobs() -> tuple[Job, ...]:
             (APISERVERS,),
             reviewed="one governor per API-server host: a few series, labelled by scale set and result; "
             "nothing to drop",
+        ),
+        Job(
+            "remediation",
+            REMEDIATION_METRICS_PORT,
+            (APISERVERS,),
+            reviewed="one remediation per API-server host (one acts): a few series, labelled by result and "
+            "held reason; nothing to drop",
         ),
         Job(
             "join-tokens",

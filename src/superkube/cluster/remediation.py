@@ -26,6 +26,13 @@ ROLE_ACTIONS = (
 )
 """Its custom role's actions: read the sets and their instances, delete instances."""
 NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch", "delete"]}]
+LEDGER = "superkube-remediation"
+"""The ConfigMap in kube-system where it counts the last hour's deletions (agents.remediation.Ledger)."""
+LEDGER_RULES = [
+    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [LEDGER], "verbs": ["get", "update"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},  # a name cannot fence a create
+]
+"""Its Role in kube-system: its ledger, and the create of it (an admission policy holds the name)."""
 
 
 def enabled(spec: ClusterSpec) -> bool:
@@ -53,6 +60,8 @@ def settings(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
             "requested_at": health.REMEDIATION_REQUESTED_AT,
             "pool_label": POOL_LABEL,
             "preflight_taint": PREFLIGHT_TAINT_KEY,
+            "kind": health.CORDON_KIND,
+            "maintenance": health.MAINTENANCE,
             "verdict": health.VERDICT,
             "gpu_reset": health.GPU_RESET,
             "reset_hint": health.RESET_HINT,

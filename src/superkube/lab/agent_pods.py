@@ -11,8 +11,8 @@ everything it changes is listed here, and nowhere else:
   `--burn-seconds=0` and the agents' resources (the burn asks for 2 CPUs and 16 GiB): the probe, the
   verdict and the patch that lifts the taint are the production code; the burn is not run.
 - Rounds every ROUND_S seconds instead of the layer's minute, so that a test waits seconds.
-- The health controller's breaker at BREAKER_SHARE: the lab's pools have one or two nodes, and the
-  flagship's 5 % would never let health cordon one of them.
+- The health controller's breaker at BREAKER_SHARE: the lab's GPU pool has two nodes and its tests
+  fault the second before the first is back; production's 5 % lets only one node of such a pool go.
 - The periodic GPU test's CronJob is left out: its image and its GPUs do not exist here.
 - NVIDIA's device plugin (the gpu-devices DaemonSet) is the lab's own (images/lab-device-plugin):
   it registers the GPUs of the node's READING with the kubelet's device plugin API, as NVIDIA's

@@ -20,6 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
+from superkube.cluster.health import HEALTH_FS_DIR
 from superkube.lab import agent_pods, imds
 from superkube.lab.errors import LabError
 from superkube.lab.machines import run_on
@@ -30,12 +31,6 @@ EVENT_TYPES = ("Reboot", "Redeploy", "Terminate")
 MARK = "superkube-lab-fault"
 DISK_MIB = 16
 NOT_BEFORE_S = 300
-
-
-def _health_dir() -> str:
-    from modules.platform.node_health import HEALTH_FS_DIR
-
-    return HEALTH_FS_DIR
 
 
 def _vm_name(lab: Lab, host: str) -> str:
@@ -75,14 +70,14 @@ def inject(
         event = imds.add_event(Path(lab.state_dir) / imds.EVENTS, vm, vm, event_type, not_before_s)
         return f"{host}: {event_type} scheduled for VM {vm}, not before {event['NotBefore']} (event {event['EventId']})"
     if kind == "disk-full":
-        where = shlex.quote(_health_dir())
+        where = shlex.quote(HEALTH_FS_DIR)
         fill = (DISK_MIB * 1024) * 99 // 100
         run_on(lab, host, (
             f"mkdir -p {where} && (mountpoint -q {where} || "
             f"mount -t tmpfs -o size={DISK_MIB}m,mode=0755 {MARK} {where}) && "
             f"dd if=/dev/zero of={where}/{MARK} bs=1k count={fill} status=none"
         ))  # fmt: skip
-        return f"{host}: {_health_dir()} is a {DISK_MIB} MiB filesystem of its own, 99% full"
+        return f"{host}: {HEALTH_FS_DIR} is a {DISK_MIB} MiB filesystem of its own, 99% full"
     if kind == "api-unreachable":
         address, port = _api_address(lab)
         run_on(lab, host, (
@@ -112,7 +107,7 @@ def clear(lab: Lab, host: str) -> str:
     _node(lab, host)
     vm = _vm_name(lab, host)
     events = imds.clear_events(Path(lab.state_dir) / imds.EVENTS, vm)
-    where = shlex.quote(_health_dir())
+    where = shlex.quote(HEALTH_FS_DIR)
     run_on(lab, host, (
         f"if [ \"$(findmnt -n -o SOURCE {where})\" = {MARK} ]; then umount {where}; fi; "
         f"iptables -w -S OUTPUT | grep -- '--comment {MARK}' | sed 's/^-A /-D /' | "
