@@ -13,7 +13,7 @@ thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a th
   `superkube-preflight-own-node` rejects anything else its service account tries on a node.
 - health (superkube.agents.node_health), on every node of every pool (a CPU pool's without NVML):
   writes its node's verdict on its own Node (a watch on that one object;
-  `superkube-node-health-own-node` lets it set its two annotations there and nothing else). Beside
+  `superkube-node-health-own-node` lets it set its own annotations there and nothing else). Beside
   the GPUs it checks the host, with read-only access to exactly what those checks read: an empty
   directory on each filesystem the node keeps state on (FILESYSTEMS: root, the kubelet's,
   containerd's and a data disk's; its fullness and read-only flag, followed into the agent as the
@@ -24,9 +24,10 @@ thresholds are a ConfigMap made from src/superkube/data/gpu_health.yaml, so a th
   port of a few peers of its pool (`peers`; learnt from one label-selected list with a limit, about
   hourly), reads the routing table and its VM's scheduled events from the instance metadata.
 - the health controller (superkube.agents.health_controller, a Deployment of two, one leading by a
-  Lease): follows the GPU nodes with one watch, cordons the nodes reported fatal and evicts their
-  pods through the Eviction API, behind the breaker per pool; fenced by
-  `superkube-node-health-controller-nodes` (only nodes reported fatal; cordon, never uncordon) and
+  Lease): follows the GPU nodes with one watch, cordons the nodes reported fatal (behind the breaker
+  per pool) or under Azure's maintenance (past it) and evicts their pods through the Eviction API;
+  fenced by `superkube-node-health-controller-nodes` (only nodes reported fatal or under
+  maintenance; cordon, and uncordon only after a GPU reset or a maintenance is over) and
   `superkube-node-health-evictions` (workload namespaces only). Fleet-wide facts live there, not in
   a DaemonSet: no node agent reads the fleet (the health agent lists at most a page of its own
   pool, about hourly, for its peers).
@@ -261,9 +262,11 @@ def _reset_since_cordon(outcome: str) -> str:
 
 RESET_CLEARED = _reset_since_cordon("cleared")
 RESET_FAILED = _reset_since_cordon("failed")
+CORDONED = "(has(object.spec.unschedulable) && object.spec.unschedulable)"
+WAS_CORDONED = "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)"
 REPORTED_FATAL = f"{_note(health.VERDICT)}.startsWith('fatal')"
 REPORTED_MAINTENANCE = f"{_note(health.VERDICT)}.startsWith('{health.MAINTENANCE}')"
-FOR_MAINTENANCE = f"({_note(health.CORDON_KIND)} == '{health.MAINTENANCE}')"
+FOR_MAINTENANCE = f"({_note(health.CORDON_KIND)} == '{health.MAINTENANCE}' && {WAS_CORDONED})"
 """CEL: the node's cordon by health is maintenance's (Azure's scheduled event), not a failure's"""
 MAINTENANCE_OVER = (
     f"({FOR_MAINTENANCE} && !{REPORTED_FATAL} && !{REPORTED_MAINTENANCE} && "
@@ -271,8 +274,6 @@ MAINTENANCE_OVER = (
 )
 """CEL: a node cordoned for maintenance whose agent, since the cordon, reports neither maintenance
 nor a failure: the event is over, and the controller may uncordon it"""
-CORDONED = "(has(object.spec.unschedulable) && object.spec.unschedulable)"
-WAS_CORDONED = "(has(oldObject.spec.unschedulable) && oldObject.spec.unschedulable)"
 
 
 def _labelled(obj: str) -> str:
@@ -357,7 +358,8 @@ FENCES: dict[Fenced, Fence] = {
         label=health.GPU_RESET_LABEL,
         # the reset it asked for (the label is still there) cleared the GPUs since the cordon, and the
         # agent no longer reports the node fatal; or the maintenance it was cordoned for is over
-        uncordon_if=f"({_labelled('oldObject')} && {RESET_CLEARED} && !{REPORTED_FATAL}) || {MAINTENANCE_OVER}",
+        uncordon_if=f"({_labelled('oldObject')} && {RESET_CLEARED} && !{REPORTED_FATAL} && !{REPORTED_MAINTENANCE}) "
+        f"|| {MAINTENANCE_OVER}",
         extra=CONTROLLER_RULES_EXTRA,
     ),
     "gpu-reset": Fence(

@@ -415,6 +415,30 @@ def test_no_peer_answering_is_fatal_only_after_the_confirming_rounds(
     assert found[2].reason.count("refused") == 3
 
 
+def test_peers_listed_before_they_all_went_quiet_are_listed_again_before_a_fatal(
+    listeners: tuple[int, dict[str, socket.socket]],
+) -> None:
+    """Peers picked minutes ago may all have rebooted together (an update domain's maintenance): the
+    node is not at fault until a list made since the first silent round fails too."""
+    port, open_ = listeners
+    pool = Pool([node(f"gpu-{i}", f"127.0.0.{i}") for i in (2, 3, 4)])
+    clock = Clock()
+    check = peers(pool, port, clock, confirm=3)
+    assert check.read() == []
+    clock.now += 120  # within PEER_RELIST_S of the list
+    for s in open_.values():
+        s.close()
+    levels = []
+    for _ in range(3):
+        levels.append(check.read()[0])
+        clock.now += 60
+    assert [f.level for f in levels] == ["warning"] * 3 and len(pool.calls) == 1
+    assert levels[2].reason.endswith("(fatal once a fresh list of peers fails too)")
+    clock.now = 1000.0 + hc.PEER_RELIST_S  # the list is due again: the same three, still silent
+    (found,) = check.read()
+    assert found.level == "fatal" and len(pool.calls) == 2
+
+
 def test_a_relisted_pool_does_not_restart_the_count_of_rounds_without_a_peer(
     listeners: tuple[int, dict[str, socket.socket]],
 ) -> None:

@@ -375,8 +375,8 @@ def fenced_controller(api: LocalApi, pool: str, as_node: str) -> Any:
 def test_maintenance_is_cordoned_past_the_breaker_drained_and_uncordoned_once_over(fenced: LocalApi) -> None:
     """A pool of three: one node fails (the one cordon the breaker lets in), two more get a scheduled
     Reboot. Both are cordoned as maintenance all the same, marked drained once empty, and uncordoned
-    by the controller once their agents report them healthy again; one that fails meanwhile becomes
-    a failure's cordon, which the server then lets the controller keep."""
+    by the controller once their agents report them healthy again. One that fails meanwhile would be
+    a second failure in the pool: the breaker holds its cordon maintenance's, and says so."""
     pool = unique("upkeep")
     broken, rebooted, failing = (f"{pool}-{i}" for i in range(3))
     for name in (broken, rebooted, failing):
@@ -403,7 +403,9 @@ def test_maintenance_is_cordoned_past_the_breaker_drained_and_uncordoned_once_ov
     assert nh.CORDON_KIND not in (back.metadata.annotations or {})
     assert [e.reason for e in events_about(fenced, rebooted)].count("MaintenanceOver") == 1
     still = admin(fenced).read_node(failing)
-    assert still.spec.unschedulable and still.metadata.annotations[nh.CORDON_KIND] == "failure"
+    assert still.spec.unschedulable and still.metadata.annotations[nh.CORDON_KIND] == "maintenance"
+    assert ctl.metrics.breaker.labels(pool)._value.get() == 1
+    assert "HealthBreakerOpen" in [e.reason for e in events_about(fenced, failing)]
     # a failure's cordon: the server refuses the controller's uncordon of it
     assert "uncordon only a node whose GPU reset cleared it" in refusal(
         lambda: ctl.kube.patch_node(broken, {"spec": {"unschedulable": False}})
@@ -456,6 +458,48 @@ def refusal(call: Any) -> str:
             return str(json.loads(e.body)["message"])
         assert time.monotonic() < deadline, "admitted: the policy never refused it"
         time.sleep(0.5)
+
+
+def test_a_refused_change_to_one_node_does_not_stop_the_round_for_the_others(fenced: LocalApi) -> None:
+    """A person cordoned a node before its maintenance came: the controller's cordon of it is refused
+    (the cordon's time is set only by the request that cordons); the next node is cordoned all the
+    same."""
+    pool = unique("refused")
+    mine, next_ = f"{pool}-a", f"{pool}-b"
+    for name in (mine, next_):
+        make_node(fenced, name, {"superkube.io/pool": pool})
+    admin(fenced).patch_node(mine, {"spec": {"unschedulable": True}})  # a person's cordon
+    maintenance(fenced, mine, 600)
+    maintenance(fenced, next_, 600)
+    ctl = fenced_controller(fenced, pool, next_)
+    ctl.round()
+    assert admin(fenced).read_node(next_).metadata.annotations[nh.CORDON_KIND] == "maintenance"
+    assert ctl.metrics.actions.labels("refused", "false")._value.get() >= 1
+
+
+def test_a_node_that_fails_while_cordoned_for_maintenance_is_a_failures_not_a_reset(fenced: LocalApi) -> None:
+    """Maintenance-cordoned and drained, then reported fatal with a fault a GPU reset may clear: the
+    cordon becomes a failure's first (its time kept); no reset is asked for a maintenance cordon."""
+    from superkube.cluster import health as facts
+
+    pool = unique("fails")
+    names = [f"{pool}-{i:02d}" for i in range(20)]
+    for name in names:
+        make_node(fenced, name, {"superkube.io/pool": pool})
+    sick = names[0]
+    maintenance(fenced, sick, 600)
+    ctl = fenced_controller(fenced, pool, names[1])
+    ctl.round()
+    ctl.round()
+    before = admin(fenced).read_node(sick).metadata.annotations
+    assert nh.DRAINED_AT in before and before[nh.CORDON_KIND] == "maintenance"
+    value = "fatal: GPU 1: Xid 48: double-bit ECC error" + facts.RESET_HINT
+    admin(fenced).patch_node(sick, nh.report_patch(value, kubeapi.now()))
+    ctl.round()
+    after = admin(fenced).read_node(sick)
+    assert after.metadata.annotations[nh.CORDON_KIND] == "failure"
+    assert after.metadata.annotations[nh.ANNOTATION_AT] == before[nh.ANNOTATION_AT]
+    assert facts.GPU_RESET_LABEL not in (after.metadata.labels or {})
 
 
 def test_the_health_agent_may_only_report_on_its_own_node(fenced: LocalApi) -> None:

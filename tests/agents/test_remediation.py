@@ -357,3 +357,57 @@ def test_a_node_a_gpu_reset_may_bring_back_is_not_deleted_while_the_reset_is_due
     # a reset asked for but never ended holds the node only `reset_wait_s` from the drain
     later = rem.decide(fleet(due), FACTS, SETS, {"gpu": 7.0}, 0.5, 10, NOW + wait, reset_wait_s=wait)
     assert later.delete == ["gpu0-000001"]
+
+
+def test_an_instance_gone_already_is_cleaned_up_not_counted_as_refused(bench: Bench) -> None:
+    """Deleted by a person, or by a round whose mark did not land: the node is marked, and its Node
+    deleted the round after; nothing is asked of Azure and nothing is counted against the hour."""
+    sick = bench.name(0, 2)
+    bench.node(sick)
+    bench.rm.resources.pop(f"{bench.vmss(0)}/virtualMachines/2".lower())  # gone from Azure already
+    metrics = rem.Metrics()
+    svc = bench.service(metrics=metrics)
+    svc.once()
+    assert metrics.deletions.labels("gone")._value.get() == 1
+    assert metrics.deletions.labels("refused")._value.get() == 0
+    assert ("POST", f"{bench.vmss(0)}/delete") not in bench.rm.writes()
+    svc.once()
+    assert sick not in bench.nodes() and svc.ledger.recent(time.time()) == []
+
+
+class Stale:
+    """The fenced client, but its list of nodes is the one taken before: a round whose deletions took
+    long enough for a node to change under it."""
+
+    def __init__(self, kube: rem.NodeWriter) -> None:
+        self.kube, self.listed = kube, kube.get("/api/v1/nodes")
+
+    def get(self, path: str) -> Any:
+        return self.listed if path == "/api/v1/nodes" else self.kube.get(path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kube, name)
+
+
+def test_a_node_uncordoned_since_the_rounds_list_is_not_deleted(bench: Bench) -> None:
+    back = bench.name(0, 1)
+    bench.node(back)
+    stale = Stale(bench.kube)
+    admin(bench.api).patch_node(back, {"spec": {"unschedulable": False}})  # its GPU reset cleared it
+    svc = bench.service()
+    svc.kube = stale
+    svc.ledger = rem.Ledger(stale)
+    svc.once()
+    assert ("POST", f"{bench.vmss(0)}/delete") not in bench.rm.writes()
+    assert svc.ledger.recent(time.time()) == []
+
+
+def test_two_leaders_cannot_both_spend_the_hour(bench: Bench) -> None:
+    """The ledger's write is checked against what it was read at: a second writer that read before the
+    first wrote is refused, and one that reads after sees the hour spent."""
+    first, second = rem.Ledger(bench.kube), rem.Ledger(bench.kube)
+    now = time.time()
+    first.record("a", now, 1)
+    with pytest.raises(gov.ServiceError, match="already"):
+        second.record("b", now, 1)
+    assert first.recent(now) == [float(int(now))]

@@ -242,3 +242,41 @@ def test_without_the_metadata_service_the_agent_goes_on_and_says_so() -> None:
     )  # fmt: skip
     assert agent.round() == "healthy"
     assert agent.metrics.events_up._value.get() == 0
+
+
+def test_a_document_that_cannot_be_read_is_not_a_maintenance_over(metadata: tuple[str, Path]) -> None:
+    """The metadata service away for a round: the last document's maintenance holds (for the lead),
+    so the controller does not return a node whose Reboot is still to come."""
+    base, events = metadata
+    imds.add_event(events, VM, VM, "Reboot", 15 * 60)
+    agent = nh.Agent(
+        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), Kube(), lambda: node("cpu-3"),
+        events=nh.Events(se.Client(base)),
+    )  # fmt: skip
+    assert agent.round().startswith("maintenance: ")
+    assert agent.events is not None
+    agent.events.client = se.Client("http://127.0.0.1:9", timeout=1)
+    assert agent.round().startswith("maintenance: ") and agent.metrics.events_up._value.get() == 0
+    agent.events.last_at -= agent.events.lead_s  # unread for longer than the lead: nothing is kept
+    assert agent.round() == "healthy"
+
+
+def test_a_verdict_older_than_the_cordon_is_said_again(metadata: tuple[str, Path]) -> None:
+    """The controller returns a node only on a verdict made since its cordon: a `healthy` stamped just
+    before a cordon landed would otherwise never count, and the node stay cordoned."""
+    base, _ = metadata
+    me = node("cpu-3")
+    kube = Kube()
+    agent = nh.Agent(
+        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), kube, lambda: me,
+        events=nh.Events(se.Client(base)),
+    )  # fmt: skip
+    notes = me["metadata"]["annotations"]
+    notes.update({nh.VERDICT_ANNOTATION: "healthy", nh.VERDICT_AT: "2026-11-28T10:00:00Z"})
+    notes.update(nh.cordon_patch("maintenance: node: ...", datetime(2026, 11, 28, 10, 0, 1, tzinfo=UTC),
+                                 "maintenance")["metadata"]["annotations"])  # fmt: skip
+    me["spec"]["unschedulable"] = True
+    assert agent.round() == "healthy" and len(kube.patches) == 1  # said again, with a new time
+    notes[nh.VERDICT_AT] = kube.patches[0]["metadata"]["annotations"][nh.VERDICT_AT]
+    agent.round()
+    assert len(kube.patches) == 1  # not again once it is newer than the cordon

@@ -28,12 +28,19 @@ A node counts as cordoned by health while it is unschedulable and carries that a
 repaired and uncordoned by hand is history. Pods are listed only for the node being drained
 (field selector `spec.nodeName`).
 
-What it may do is enforced in the cluster: the ValidatingAdmissionPolicies
-`superkube-node-health-controller-nodes` (only nodes their agent reported fatal or whose reset ended
-since the cordon; cordon, and uncordon only after a reset cleared the node; its annotations; the
-reset label) and `superkube-node-health-evictions` (workload namespaces only).
+Maintenance (a node its agent reports `maintenance:`, Azure's scheduled event) is cordoned as its
+own kind past the breaker, drained, and uncordoned once its agent reports neither maintenance nor a
+failure since the cordon; the pods still on it as its NotBefore comes are named (PODS_LEFT_S).
+docs/05-node-health.md says why.
 
-Metrics on port 9465: `superkube_health_cordoned_nodes{pool}`, `superkube_health_breaker_open{pool}`,
+What it may do is enforced in the cluster: the ValidatingAdmissionPolicies
+`superkube-node-health-controller-nodes` (only nodes their agent reported fatal or maintenance,
+cordoned for maintenance, or whose reset ended since the cordon; cordon, and uncordon only after a
+reset cleared the node or its maintenance is over; its annotations; the reset label) and
+`superkube-node-health-evictions` (workload namespaces only).
+
+Metrics on port 9465: `superkube_health_cordoned_nodes{pool}` (for failures),
+`superkube_health_breaker_open{pool}`, `superkube_health_maintenance_pods_left{pool}`,
 `superkube_health_actions_total{action, dry_run}`, `superkube_health_leader`,
 `superkube_health_controller_api_up`. The non-leader exports no pool figures.
 
@@ -123,7 +130,10 @@ class Metrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.cordoned = Gauge(
-            "superkube_health_cordoned_nodes", "Nodes of the pool cordoned by health.", ["pool"], registry=r
+            "superkube_health_cordoned_nodes",
+            "Nodes of the pool cordoned by health for failures (what the breaker counts).",
+            ["pool"],
+            registry=r,
         )
         self.breaker = Gauge(
             "superkube_health_breaker_open",
@@ -200,9 +210,9 @@ class Controller:
             name = node["metadata"]["name"]
             verdict = reported(node)
             ours = cordoned_by_us(node)
-            if ours and self._reset(node):
-                continue
             maintenance = ours and cordon_kind(node) == health.MAINTENANCE
+            if ours and not maintenance and self._reset(node):  # a reset is a failure's, never maintenance's
+                continue
             if maintenance and self._maintenance_over(node, verdict):
                 continue
             if maintenance and not drained(node):
@@ -229,7 +239,15 @@ class Controller:
                 log.warning("lost the lease mid-round; stopping")
                 self.draining = None
                 return done
-            self._act(node, decision)
+            try:
+                self._act(node, decision)
+            except Exception as exc:  # a refusal is this node's (a person's cordon, a fence): the rest go on
+                answer = refused(exc)
+                if not answer:
+                    raise  # the API server is away: the round backs off
+                self.metrics.actions.labels("refused", "false").inc()
+                log.error("the API server refused a change to %s: %s", name, answer)
+                continue
             if decision.cordon:  # the breaker's count for the next node includes this one
                 members[i] = {**node, "spec": {**node["spec"], "unschedulable": True},
                               "metadata": {**node["metadata"], "annotations": {
@@ -262,6 +280,7 @@ class Controller:
                  lambda: self.kube.patch_node(name, body))  # fmt: skip
         if self.draining is not None:
             self.draining.discard(name)
+        self.late = {k for k in self.late if k[0] != name}
         self._event(node, "Normal", "MaintenanceOver",
                     f"uncordoned: the scheduled maintenance is over and its agent reports {value}")  # fmt: skip
         return True
@@ -309,15 +328,20 @@ class Controller:
                 return False  # drained, and given up: remediation's
             if not labelled:
                 return False  # not the reset this controller asked for: nothing to uncordon for
-            if value.startswith("fatal") or notes.get(VERDICT_AT, "") < at:
-                return True  # cleared: waiting for its agent's verdict on the reset GPUs
+            if value.startswith(("fatal", health.MAINTENANCE)) or notes.get(VERDICT_AT, "") < at:
+                return True  # cleared: waiting for its agent's verdict on the reset GPUs (or its maintenance)
             # back in service: the cordon's marks go with the cordon, so that a later cordon by a
             # person is not taken for health's (admission lets them go only with this uncordon)
             body: dict[str, Any] = {
                 "spec": {"unschedulable": False},
                 "metadata": {
                     "labels": {health.GPU_RESET_LABEL: None},
-                    "annotations": {ANNOTATION: None, ANNOTATION_AT: None, DRAINED_AT: None},
+                    "annotations": {
+                        ANNOTATION: None,
+                        ANNOTATION_AT: None,
+                        DRAINED_AT: None,
+                        CORDON_KIND: None,
+                    },
                 },
             }
             self._do("uncordon", f"uncordon {name}: a GPU reset cleared it ({value})",

@@ -316,6 +316,7 @@ class Peers:
     due_at: float = 0.0
     avoid: set[str] = field(default_factory=set)
     failed: int = 0
+    failing_since: float | None = None  # the first round of this run in which no peer answered
     said: str = ""
 
     def read(self) -> list[Finding]:
@@ -333,7 +334,7 @@ class Peers:
                 return []
             down = self._reach()
         if not down:
-            self.failed = 0
+            self.failed, self.failing_since = 0, None
             return []
         # those that failed are replaced at the next list, which comes `relist_s` after the last
         self.avoid = {name for name, _ in down}
@@ -341,7 +342,7 @@ class Peers:
             self.due_at = min(self.due_at, self.listed_at + self.relist_s)
         said = ", ".join(f"{name} ({why})" for name, why in down)
         if len(down) < len(self.known):
-            self.failed = 0
+            self.failed, self.failing_since = 0, None
             return [
                 Finding(
                     "warning",
@@ -350,16 +351,23 @@ class Peers:
                 )
             ]
         self.failed += 1
+        if self.failing_since is None:
+            self.failing_since = now
         what = f"none of {len(self.known)} peers in the pool answering: {said}"
-        if self.failed >= self.confirm:
+        # fatal only on peers listed since the first such round: peers picked before may all have gone
+        # (rebooted, scaled in) without this node being at fault
+        fresh = self.listed_at is not None and self.listed_at >= self.failing_since
+        if self.failed >= self.confirm and fresh:
             return [Finding("fatal", None, what)]
+        if self.failed >= self.confirm:
+            return [Finding("warning", None, f"{what} (fatal once a fresh list of peers fails too)")]
         return [Finding("warning", None, f"{what} ({self.failed} of {self.confirm} rounds)")]
 
     def _enough(self) -> bool:
         """At least MIN_PEERS known; else no finding (said once)."""
         if len(self.known) >= MIN_PEERS:
             return True
-        self.failed = 0
+        self.failed, self.failing_since = 0, None
         if self.listed_at is not None:  # never listed: its error is said
             self._say(
                 f"peers: {len(self.known)} other node(s) of the pool ready and schedulable "

@@ -36,6 +36,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -185,6 +186,13 @@ def decide(
         # cordoned in an earlier round: move what is left (pods a PodDisruptionBudget held back); a
         # maintenance cordon whose node has since failed becomes a failure's (remediation's then)
         if kind == health.FAILURE and cordon_kind(node) == health.MAINTENANCE:
+            if not health.may_cordon(cordoned, len(eligible), max_cordoned_share):
+                message = (
+                    f"not making its maintenance cordon a failure's: {cordoned + 1} of {len(eligible)} nodes "
+                    f"past preflight in this pool would be cordoned by health for failures; {reason}"
+                )[:MAX_MESSAGE]
+                return Decision(events=(("Warning", "HealthBreakerOpen", message),), breaker_open=True,
+                                cordoned_share=share)  # fmt: skip
             events = (
                 (
                     "Warning",
@@ -356,6 +364,8 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        for reason in scheduled_events.IGNORED:  # every series from the start, so the first one counts
+            self.ignored.labels(reason)
         self.events_up = Gauge(
             "superkube_health_events_up",
             "1 when the last round read the VM's scheduled events from its instance metadata.",
@@ -381,6 +391,8 @@ class Events:
     pending: list[scheduled_events.Event] = field(default_factory=list)
 
     starts_at: str = ""  # the earliest NotBefore of the due events ("started", "" for none)
+    last: list[gpu_probe.Finding] = field(default_factory=list)  # the last document's findings
+    last_at: float = 0.0  # when it was read (monotonic)
 
     def read(self, metrics: Metrics) -> list[gpu_probe.Finding]:
         """This round's findings; a document that cannot be had or read is a log line (and
@@ -391,8 +403,11 @@ class Events:
             incarnation, events, bad = scheduled_events.parse(self.client.document())
         except scheduled_events.EventsError as e:
             metrics.events_up.set(0)
-            log.error("scheduled events: %s", e)
-            return []
+            # a document that could not be read is not a maintenance over: the last one's findings
+            # hold for the lead (a node drained for a Reboot is not returned on one failed read)
+            kept = self.last if time.monotonic() - self.last_at < self.lead_s else []
+            log.error("scheduled events: %s%s", e, "; keeping the last document's findings" if kept else "")
+            return kept
         metrics.events_up.set(1)
         judged = scheduled_events.judge(events, self.vm, now(), self.lead_s, malformed=len(bad))
         self.pending, self.starts_at = judged.due, judged.starts_at
@@ -406,6 +421,7 @@ class Events:
             metrics.scheduled.labels(kind).set(
                 sum(1 for e in events if e.type == kind and self.vm in e.resources)
             )
+        self.last, self.last_at = judged.findings, time.monotonic()
         return judged.findings
 
     def approve(self, metrics: Metrics) -> list[str]:
@@ -462,7 +478,7 @@ class Agent:
         if self.events is not None:
             by_check["scheduled-event"] = self.events.read(self.metrics)
         for check, found in by_check.items():
-            for level in ("fatal", "warning"):
+            for level in ("fatal", "maintenance", "warning"):
                 self.metrics.findings.labels(check, level).set(sum(1 for f in found if f.level == level))
         more = [f for check, found in by_check.items() if check != "gpu" for f in found]
         return combined(verdict, more)
@@ -476,9 +492,13 @@ class Agent:
         self.metrics.gpu_test_failed.labels(self.pool).set(1 if test else 0)
         verdict = with_periodic_test(verdict, test)
         value = note(verdict, node)
-        current = ((node.get("metadata") or {}).get("annotations") or {}).get(VERDICT_ANNOTATION)
+        notes = (node.get("metadata") or {}).get("annotations") or {}
+        current = notes.get(VERDICT_ANNOTATION)
         at = now()
-        if value != current:
+        # said again when a cordon is newer than the verdict (the controller returns a node only on a
+        # verdict made since its cordon: one that landed just after the cordon would never count)
+        older = cordoned_by_us(node) and notes.get(VERDICT_AT, "") < notes.get(ANNOTATION_AT, "")
+        if value != current or older:
             self.metrics.reports.labels(verdict.level, str(self.dry_run).lower()).inc()
             if self.dry_run:
                 log.warning("dry-run: would report %s", value)

@@ -295,11 +295,16 @@ class Ledger:
         times = [_at(str(e[0])) for e in entries]
         return sorted(t for t in times if t is not None and now - t < HOUR_S)
 
-    def record(self, node: str, now: float) -> None:
-        """Count one deletion (and drop those older than an hour); ServiceError if it was not written."""
+    def record(self, node: str, now: float, limit: int) -> None:
+        """Count one deletion (and drop those older than an hour); ServiceError if it was not written,
+        or if the hour already holds `limit` (a second leader's, read since: the write is checked
+        against what it was read at, so two writers cannot both pass the limit)."""
         cm, entries = self._read()
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        kept = [e for e in entries if now - (_at(str(e[0])) or 0.0) < HOUR_S] + [[stamp, node]]
+        kept = [e for e in entries if now - (_at(str(e[0])) or 0.0) < HOUR_S]
+        if len(kept) >= limit:
+            raise ServiceError(f"{self.path}: {len(kept)} deletions in the last hour already (limit {limit})")
+        kept.append([stamp, node])
         data = {"deletions": json.dumps(kept)}
         if cm is None:
             body = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -312,15 +317,15 @@ class Ledger:
 class Metrics:
     """What an operator and the alerts need from remediation."""
 
-    RESULTS = ("deleted", "failed", "refused")
+    RESULTS = ("deleted", "failed", "refused", "gone")
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = r = CollectorRegistry()
         self.deletions = Counter("superkube_remediation_deletions",
-                                 "Instance deletions asked of Azure, by result (deleted, failed; refused: the "
-                                 "instance was not the node).", ["result"], registry=r)  # fmt: skip
+                                 "Instance deletions, by result (deleted, failed; refused: the instance was not "
+                                 "the node; gone: it was gone already).", ["result"], registry=r)  # fmt: skip
         self.held = Gauge("superkube_remediation_held_nodes",
                           "Nodes cordoned by health not deleted this round, by reason (remediation.HELD).",
                           ["reason"], registry=r)  # fmt: skip
@@ -415,6 +420,8 @@ class Remediation:
     clock: Callable[[], float] = time.time
     reset_wait_s: float = 3600.0
     metrics: Metrics | None = None
+    lead: Callable[[], bool] = lambda: True
+    """still the leader (checked before each deletion: a round may outlive the lease)"""
     ledger: Ledger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -435,21 +442,32 @@ class Remediation:
             found = instance_of(name, self.sets)
             assert found is not None
             scale_set, instance_id = found
+            listed = next(n for n in nodes if n["metadata"]["name"] == name)
+            if not self.lead():
+                log.warning("no longer the leader; the round stops before deleting %s", name)
+                break
+            if not self._still_due(listed):
+                continue
             actual = self.instances.computer_name(scale_set.name, instance_id)
+            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            mark = {"metadata": {"annotations": {self.facts.requested_at: stamp}}}
+            if actual is None:  # gone already (a person, or a round whose mark failed): clean up after it
+                log.warning("%s: instance %s of %s is gone already; its Node goes next round", name,
+                            instance_id, scale_set.name)  # fmt: skip
+                self.kube.patch(f"/api/v1/nodes/{name}", mark)
+                self._count("gone")
+                continue
             # never delete a VM on a guess (Azure writes the base-36 digits upper case; the kubelet
             # registers the host name lower case)
-            if actual is None or actual.lower() != name.lower():
+            if actual.lower() != name.lower():
                 log.error("%s: instance %s of %s is %s, not this node; not deleting", name, instance_id,
-                          scale_set.name, actual or "gone")  # fmt: skip
+                          scale_set.name, actual)  # fmt: skip
                 self._count("refused")
                 continue
-            self.ledger.record(
-                name, now
-            )  # counted before it is asked: a crash after it over-counts, never under
+            # counted before it is asked: a crash after it over-counts, never under
+            self.ledger.record(name, now, self.max_per_hour)
             left -= 1
-            notes = (
-                next(n for n in nodes if n["metadata"]["name"] == name)["metadata"].get("annotations") or {}
-            )
+            notes = listed["metadata"].get("annotations") or {}
             log.warning("%s: deleting instance %s of %s (%s)", name, instance_id, scale_set.name,
                         notes.get(self.facts.cordoned, ""))  # fmt: skip
             try:
@@ -458,10 +476,7 @@ class Remediation:
                 self._count("failed")
                 raise
             self._count("deleted")
-            stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            self.kube.patch(
-                f"/api/v1/nodes/{name}", {"metadata": {"annotations": {self.facts.requested_at: stamp}}}
-            )
+            self.kube.patch(f"/api/v1/nodes/{name}", mark)
         for name in decision.forget:
             self.kube.delete(f"/api/v1/nodes/{name}")
             log.warning("%s: its instance is gone; Node deleted", name)
@@ -472,6 +487,26 @@ class Remediation:
                 self.metrics.held.labels(reason).set(sum(1 for r in decision.reasons.values() if r == reason))
             self.metrics.budget.set(max(left, 0))
         return decision
+
+    def _still_due(self, listed: Mapping[str, Any]) -> bool:
+        """The node as it is now (a deletion may have waited minutes since the list) is still the
+        same cordon for a failure, not yet asked for: a node uncordoned since (its GPU reset cleared
+        it, a person) or cordoned anew is decided again next round."""
+        name = listed["metadata"]["name"]
+        fresh = self.kube.get(f"/api/v1/nodes/{name}")
+        if fresh is None:
+            return False
+        notes = fresh["metadata"].get("annotations") or {}
+        before = listed["metadata"].get("annotations") or {}
+        same = (
+            self.facts.cordoned_by_health(fresh)
+            and not self.facts.for_maintenance(fresh)
+            and notes.get(self.facts.cordoned_at) == before.get(self.facts.cordoned_at)
+            and self.facts.requested_at not in notes
+        )
+        if not same:
+            log.warning("%s: changed since this round's list; decided again next round", name)
+        return bool(same)
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:
@@ -563,6 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.deadline_days, config.max_per_hour, config.max_cordoned_share,
         reset_wait_s=config.reset_wait_s, metrics=metrics,
     )  # fmt: skip
+    remediation.lead = lambda: kube.leader() == args.host
     while True:
         try:
             leading = kube.leader() == args.host
