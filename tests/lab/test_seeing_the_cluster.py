@@ -176,7 +176,7 @@ def test_every_target_of_every_job_is_scraped(watched: Lab) -> None:
     """Every job the cluster's configuration has, except the programs the lab does not run, has
     targets, and they are up: the credentials work, discovery finds nodes and pods."""
     expect = {job.name for job in monitoring.jobs()}
-    expect -= set(MONITORING_ROLE["monitoring_lab_skipped_jobs"])  # they write to Azure: the lab runs neither
+    expect -= set(MONITORING_ROLE["monitoring_lab_skipped_jobs"])  # they write to Azure: the lab runs none
     deadline = time.monotonic() + 120
     while True:
         series = from_the_store(watched, "up")
