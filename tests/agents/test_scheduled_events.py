@@ -177,6 +177,13 @@ class Kube:
         self.events.append(body)
 
 
+def agent_on(base: str, kube: Kube | None = None, me: dict[str, Any] | None = None) -> nh.Agent:
+    """The CPU node cpu-3's health agent, its GPUs none and its events from `base`."""
+    mine = me if me is not None else node("cpu-3")
+    return nh.Agent("cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), kube or Kube(),
+                    lambda: mine, events=nh.Events(se.Client(base, timeout=1)))  # fmt: skip
+
+
 def test_the_agent_reports_maintenance_approves_it_only_once_drained_and_reports_healthy_after(
     metadata: tuple[str, Path],
 ) -> None:
@@ -184,10 +191,7 @@ def test_the_agent_reports_maintenance_approves_it_only_once_drained_and_reports
     imds.add_event(events, VM, VM, "Reboot", 15 * 60)
     me = node("cpu-3")
     kube = Kube()
-    agent = nh.Agent(
-        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), kube, lambda: me,
-        events=nh.Events(se.Client(base)),
-    )  # fmt: skip
+    agent = agent_on(base, kube, me)
     value = agent.round()
     assert value.startswith("maintenance: node: scheduled Platform Reboot not before")
     assert nh.cordon_reason(value) == "MaintenanceCordon"
@@ -227,19 +231,13 @@ def test_the_agent_reports_maintenance_approves_it_only_once_drained_and_reports
 def test_events_it_cannot_act_on_are_counted_once_per_document(metadata: tuple[str, Path]) -> None:
     base, events = metadata
     imds.add_event(events, VM, "gpu_4", "Reboot", 15 * 60)  # another VM's
-    agent = nh.Agent(
-        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), Kube(), lambda: node("cpu-3"),
-        events=nh.Events(se.Client(base)),
-    )  # fmt: skip
+    agent = agent_on(base)
     assert agent.round() == agent.round() == "healthy"
     assert agent.metrics.ignored.labels("other-vm")._value.get() == 1
 
 
 def test_without_the_metadata_service_the_agent_goes_on_and_says_so() -> None:
-    agent = nh.Agent(
-        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), Kube(), lambda: node("cpu-3"),
-        events=nh.Events(se.Client("http://127.0.0.1:9", timeout=1)),
-    )  # fmt: skip
+    agent = agent_on("http://127.0.0.1:9")
     assert agent.round() == "healthy"
     assert agent.metrics.events_up._value.get() == 0
 
@@ -249,10 +247,7 @@ def test_a_document_that_cannot_be_read_is_not_a_maintenance_over(metadata: tupl
     so the controller does not return a node whose Reboot is still to come."""
     base, events = metadata
     imds.add_event(events, VM, VM, "Reboot", 15 * 60)
-    agent = nh.Agent(
-        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), Kube(), lambda: node("cpu-3"),
-        events=nh.Events(se.Client(base)),
-    )  # fmt: skip
+    agent = agent_on(base)
     assert agent.round().startswith("maintenance: ")
     assert agent.events is not None
     agent.events.client = se.Client("http://127.0.0.1:9", timeout=1)
@@ -267,10 +262,7 @@ def test_a_verdict_older_than_the_cordon_is_said_again(metadata: tuple[str, Path
     base, _ = metadata
     me = node("cpu-3")
     kube = Kube()
-    agent = nh.Agent(
-        "cpu-3", "cpu", lambda: gpu_probe.Verdict("cpu-3", "healthy", []), kube, lambda: me,
-        events=nh.Events(se.Client(base)),
-    )  # fmt: skip
+    agent = agent_on(base, kube, me)
     notes = me["metadata"]["annotations"]
     notes.update({nh.VERDICT_ANNOTATION: "healthy", nh.VERDICT_AT: "2026-11-28T10:00:00Z"})
     notes.update(nh.cordon_patch("maintenance: node: ...", datetime(2026, 11, 28, 10, 0, 1, tzinfo=UTC),
