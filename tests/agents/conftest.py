@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -120,3 +121,22 @@ def serving(server: ThreadingHTTPServer) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def policy_loaded(api: LocalApi, delete: Any, prefix: str) -> None:
+    """Wait until a delete policy just applied refuses: `refusal` retries an admitted call, which for
+    a delete takes the node away, so the wait is on throwaway nodes, remade while they are admitted."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + 15
+    for i in itertools.count():
+        probe = f"{prefix}-probe-{i}"
+        make_node(api, probe)
+        try:
+            delete(probe)
+        except ApiException as e:
+            assert e.status == 403, (e.status, e.body)
+            admin(api).delete_node(probe)
+            return
+        assert time.monotonic() < deadline, "admitted: the delete policy never refused"
+        time.sleep(0.5)

@@ -25,7 +25,17 @@ from superkube.agents import node_health as nh
 from superkube.agents.kubeapi import Kube
 from superkube.harness.apiserver import LocalApi
 from superkube.model import teams
-from tests.agents.conftest import account, admin, apply, identity, make_node, make_pod, namespace, unique
+from tests.agents.conftest import (
+    account,
+    admin,
+    apply,
+    identity,
+    make_node,
+    make_pod,
+    namespace,
+    policy_loaded,
+    unique,
+)
 
 READINGS = Path(__file__).parent / "readings"
 
@@ -802,6 +812,7 @@ def test_remediation_may_only_mark_and_delete_nodes_health_cordoned(api: LocalAp
         config_file=str(api.client_kubeconfig("remediation", remediation.USER))))  # fmt: skip
     pool = unique("rem")
     sick, well = f"{pool}-a", f"{pool}-b"
+    policy_loaded(api, lambda name: me.delete_node(name), pool)
     for name in (sick, well):
         make_node(api, name, {"superkube.io/pool": pool})
     admin(api).patch_node(

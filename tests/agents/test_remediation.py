@@ -28,7 +28,7 @@ from superkube.cluster import health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL
 from superkube.harness.apiserver import LocalApi
 from superkube.plan import engine as planning
-from tests.agents.conftest import admin, apply, make_node
+from tests.agents.conftest import admin, apply, make_node, policy_loaded
 from tests.fleet.resource_manager import TOKEN, ResourceManager
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,6 +195,11 @@ def fenced(api: LocalApi) -> LocalApi:
     from modules.platform import node_health as component
 
     apply(api, *component.remediation_access())
+    from kubernetes import client, config
+
+    me = client.CoreV1Api(config.new_client_from_config(
+        config_file=str(api.client_kubeconfig("remediation", remediation.USER))))  # fmt: skip
+    policy_loaded(api, me.delete_node, "rem-fence")
     return api
 
 
