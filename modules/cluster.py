@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from typing import Literal
@@ -156,6 +157,37 @@ class Cluster(pulumi.ComponentResource):
                 opts=child(self),
             )
 
+        def custom_role(
+            what: str,
+            assignment: str,
+            actions: Sequence[str],
+            description: str,
+            identity: managedidentity.UserAssignedIdentity,
+        ) -> tuple[authorization.RoleDefinition, authorization.RoleAssignment]:
+            """A custom role with only `actions` on the cluster's resource group, and its assignment
+            to `identity` (stable names: the role's and `assignment`'s, made from the cluster's)."""
+            definition = authorization.RoleDefinition(
+                f"{name}-{what}-role-definition",
+                role_definition_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{what}-role")),
+                role_name=f"superkube {cluster} {what}",
+                description=description,
+                role_type="CustomRole",
+                permissions=[authorization.PermissionArgs(actions=list(actions))],
+                assignable_scopes=[self.group.id],
+                scope=self.group.id,
+                opts=child(self),
+            )
+            granted = authorization.RoleAssignment(
+                f"{name}-{what}-role",
+                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{assignment}")),
+                principal_id=identity.principal_id,
+                principal_type="ServicePrincipal",
+                role_definition_id=definition.id,
+                scope=self.group.id,
+                opts=child(self),
+            )
+            return definition, granted
+
         self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
         self.autoscaler_role_definition: authorization.RoleDefinition | None = None
         self.autoscaler_role: authorization.RoleAssignment | None = None
@@ -164,32 +196,13 @@ class Cluster(pulumi.ComponentResource):
             self.autoscaler_identity = user_identity("autoscaler")
             # one custom role with what the autoscaler, the join-token publisher and the governor
             # call (superkube.cluster.autoscaling.ROLE_ACTIONS says which call needs which), where a
-            # built-in role such as Virtual Machine Contributor could delete any VM of the group
-            self.autoscaler_role_definition = authorization.RoleDefinition(
-                f"{name}-autoscaler-role-definition",
-                role_definition_id=str(
-                    uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler-role")
-                ),
-                role_name=f"superkube {cluster} autoscaler",
-                description="Resize, list and delete instances of the cluster's scale sets; nothing else.",
-                role_type="CustomRole",
-                permissions=[authorization.PermissionArgs(actions=list(autoscaling.role_actions(spec)))],
-                assignable_scopes=[self.group.id],
-                scope=self.group.id,
-                opts=child(self),
-            )
-            self.autoscaler_role = authorization.RoleAssignment(
-                f"{name}-autoscaler-role",
-                # a new name: an assignment cannot change its role in place
-                role_assignment_name=str(
-                    uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/autoscaler-custom-role")
-                ),
-                principal_id=self.autoscaler_identity.principal_id,
-                principal_type="ServicePrincipal",
-                role_definition_id=self.autoscaler_role_definition.id,
-                scope=self.group.id,
-                opts=child(self),
-            )
+            # built-in role such as Virtual Machine Contributor could delete any VM of the group; the
+            # assignment's name is new (an assignment cannot change its role in place)
+            self.autoscaler_role_definition, self.autoscaler_role = custom_role(
+                "autoscaler", "autoscaler-custom-role", autoscaling.role_actions(spec),
+                "Resize, list and delete instances of the cluster's scale sets; nothing else.",
+                self.autoscaler_identity,
+            )  # fmt: skip
             autoscaler_tags = {
                 autoscaling.IDENTITY_TAG: self.autoscaler_identity.client_id,
                 autoscaling.SCOPE_TAG: self.group.id,
@@ -200,28 +213,11 @@ class Cluster(pulumi.ComponentResource):
         self.remediation_role: authorization.RoleAssignment | None = None
         if remediation.enabled(spec):
             self.remediation_identity = user_identity("remediation")
-            role = authorization.RoleDefinition(
-                f"{name}-remediation-role-definition",
-                role_definition_id=str(
-                    uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/remediation-role")
-                ),
-                role_name=f"superkube {cluster} remediation",
-                description="Read the cluster's scale sets and delete their instances; nothing else.",
-                role_type="CustomRole",
-                permissions=[authorization.PermissionArgs(actions=list(remediation.ROLE_ACTIONS))],
-                assignable_scopes=[self.group.id],
-                scope=self.group.id,
-                opts=child(self),
-            )
-            self.remediation_role = authorization.RoleAssignment(
-                f"{name}-remediation-role",
-                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/remediation")),
-                principal_id=self.remediation_identity.principal_id,
-                principal_type="ServicePrincipal",
-                role_definition_id=role.id,
-                scope=self.group.id,
-                opts=child(self),
-            )
+            _, self.remediation_role = custom_role(
+                "remediation", "remediation", remediation.ROLE_ACTIONS,
+                "Read the cluster's scale sets and delete their instances; nothing else.",
+                self.remediation_identity,
+            )  # fmt: skip
             autoscaler_tags = {
                 **autoscaler_tags,
                 remediation.IDENTITY_TAG: self.remediation_identity.client_id,
