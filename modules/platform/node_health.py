@@ -51,7 +51,7 @@ from modules.platform import objects
 from modules.platform.balloons import tolerations as pool_tolerations
 from modules.platform.foundation import GPU_TEST_PRIORITY, NAMESPACE, NODE_AGENT_PRIORITY
 from modules.platform.objects import Manifest
-from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE
+from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, scale_governor
 from superkube.agents.host_checks import MIN_PEERS
 from superkube.cluster import autoscaling, health, remediation
 from superkube.cluster.cloudinit import POOL_LABEL, PREFLIGHT_PENDING
@@ -82,7 +82,7 @@ HEALTH_CONTROLLER = "superkube-node-health-controller"
 CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
 REMEDIATION_FENCE_NAME = "superkube-remediation-nodes"
-LEDGER_NAMESPACE = "kube-system"  # remediation's ledger beside the autoscaler's lease it leads by
+LEDGER_NAMESPACE = scale_governor.NAMESPACE  # remediation's ledger, beside the autoscaler's lease it leads by
 GPU_RESET = "superkube-gpu-reset"
 GPU_RESET_FENCE = "superkube-gpu-reset-own-node"
 # where health may never evict: the control plane's add-ons and superkube's own pods
