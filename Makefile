@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STACK ?= dev
 
-.PHONY: plan test lint lint-quick install install-test bench debian-deps
+.PHONY: plan test lint lint-quick install install-test bench debian-deps doctor
 
 $(BIN)/python:
 	@echo "making the virtualenv $(VENV)"
@@ -44,6 +44,11 @@ lint-quick: install-test
 
 debian-deps:
 	bash scripts/debian-deps.sh
+
+# what this machine lacks for the offline plan, the lab and Azure (PATHS="lab" for one), before
+# anything is installed: the system's python3 and the standard library alone
+doctor:
+	@$(PYTHON) src/superkube/cli/prerequisites.py $(PATHS)
 
 # Debian packages first: the virtualenv itself may need python3-venv. Then the suite in lanes
 # (scripts/run_tests.py): the linters, the unit tests and mypy run beside the components' build and

@@ -17,7 +17,7 @@ from superkube.plan import collector
 with collector.set_aside():
     import typer
 
-    from superkube.cli import check, etcd, fleet, health, image, job, lab, monitoring, plan, usage
+    from superkube.cli import check, doctor, etcd, fleet, health, image, job, lab, monitoring, plan, usage
     from superkube.cli.common import Command, Group, err, out, package_version
 
 app = typer.Typer(
@@ -62,6 +62,7 @@ app.command(cls=Command)(usage.usage)
 app.add_typer(health.health_app, name="health")
 app.add_typer(job.job_app, name="job")
 app.add_typer(image.image_app, name="image")
+app.command(cls=Command)(doctor.doctor)
 
 
 def _named(info: typer.models.CommandInfo) -> str:

@@ -36,7 +36,10 @@ class CheckOutput(StrEnum):
 def _load_plan_document(path: Path) -> dict[str, Any]:
     """A plan saved by `superkube plan --out`, with the parts `check` reads; one line and exit 2 for
     a file that is not one."""
-    fix = f"write one with: superkube plan --stack <name> --out {path}"
+    if path.suffix in (".yaml", ".yml"):  # most likely a stack file: never suggest writing over it
+        fix = f"--plan takes a saved plan (JSON); check a stack with superkube check --stack {path}"
+    else:
+        fix = f"write one with: superkube plan --stack <name> --out {path}"
     document: dict[str, Any] = read_file(
         path, "--plan", fix, kind="json", what="a superkube plan (a JSON object)"
     )

@@ -6,8 +6,10 @@ import contextlib
 import inspect
 import os
 import re
+import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -204,6 +206,14 @@ class Command(TyperCommand):
         return super().parse_args(ctx, args)
 
 
+class PassThrough(Command):
+    """A command whose arguments are another program's (`lab kubectl`): none is refused or read as
+    ours after the first, `--help` first shows ours."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return TyperCommand.parse_args(self, ctx, args)
+
+
 class Group(TyperGroup):
     """Every group of commands, alike."""
 
@@ -241,16 +251,69 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def check_writable(path: Path | None, option: str) -> None:
-    if path is None:
-        return
-    parent = path.resolve().parent
-    if path.is_dir():
-        fail(f"{option} {path}: is a directory; give a file name")
+STDOUT = Path("-")
+"""`--out -`: write to standard output, on purpose."""
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def output_path(path: Path | None, option: str, what: str, ours: Callable[[bytes], bool]) -> Path | None:
+    """Where a command writes `what` for `option`, checked before any work is done: None for no
+    such option, STDOUT for `-`, else the file itself, or the file a symbolic link names (written
+    through the link, which stays). Refused in one line, with exit 2: a directory; a pipe, device or
+    socket (`-` is how to write to standard output); an existing file `ours` does not recognise from
+    its first bytes as one this command writes (a stack file would be lost); a directory that is
+    missing or where no file can be made."""
+    if path is None or path == STDOUT:
+        return path
+    at = f"{option} {path}"
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        fail(f"{at}: cannot be looked at ({exc.strerror or exc}); choose another path")
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        fail(f"{at}: is a directory; give a file name")
+    for test, kind in _NOT_REGULAR:
+        if info is not None and test(info.st_mode):
+            fail(f"{at}: is {kind}, not a file; give a file name, or {option} - for standard output")
+    target = path.resolve() if path.is_symlink() else path
+    if info is not None and info.st_size:
+        try:
+            with target.open("rb") as f:
+                head = f.read(4096)
+        except OSError as exc:
+            fail(f"{at}: cannot be read to see what it is ({exc.strerror or exc}); choose another path")
+        if not ours(head):
+            fail(
+                f"{at}: exists and is not {what}, which writing would replace; "
+                "give a new file name, or remove the file first"
+            )
+    parent = target.resolve().parent
     if not parent.is_dir():
-        fail(f"{option} {path}: directory {parent} does not exist; create it first")
-    if parent.exists() and not os.access(parent, os.W_OK):
-        fail(f"{option} {path}: directory is not writable; choose another path")
+        fail(f"{at}: directory {parent} does not exist; create it first")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.")
+    except OSError as exc:
+        fail(f"{at}: no file can be written in {parent} ({exc.strerror or exc}); choose another path")
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write what output_path allowed: to standard output for STDOUT, else atomically."""
+    if path == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        write_atomically(path, text)
 
 
 def planned(stack: str, project: Path | None) -> Any:

@@ -12,17 +12,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from superkube.cli.common import (
+    STDOUT,
     Output,
     OutputOpt,
     ProjectOpt,
     StackOpt,
-    check_writable,
     err,
     fail,
     out,
+    output_path,
     project_dir,
     read_inventory,
-    write_atomically,
+    write_output,
 )
 from superkube.model.spec import SpecError
 
@@ -123,16 +124,18 @@ def inventory(
     from superkube.cluster import inventory as inv
     from superkube.plan import engine as planning
 
-    if out_file is not None and not out_file.name.endswith(("azure_rm.yml", "azure_rm.yaml")):
+    if out_file not in (None, STDOUT) and not out_file.name.endswith(("azure_rm.yml", "azure_rm.yaml")):
         fail(f"--out {out_file}: the azure_rm plugin only reads files named *.azure_rm.yml; rename it")
-    check_writable(out_file, "--out")
+    out_path = output_path(
+        out_file, "--out", "an inventory config superkube wrote", lambda head: inv.PLUGIN.encode() in head
+    )
     try:
         _, spec, addresses = planning.load(project_dir(project), stack)
     except SpecError as exc:
         fail(str(exc))
     text = inv.render(spec, addresses)
-    if out_file is None:
+    if out_path in (None, STDOUT):
         sys.stdout.write(text)
     else:
-        write_atomically(out_file, text)
-        out.print(f"inventory written to {out_file}")
+        write_output(out_path, text)
+        out.print(f"inventory written to {out_path}")

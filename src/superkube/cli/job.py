@@ -40,8 +40,8 @@ def job_render(
 
     try:
         job = jobs.load(job_file)
-        _, spec, _ = planning.load(project_dir(project), stack)
-        mpijob = jobs.render(job, spec)
+        _, spec, addresses = planning.load(project_dir(project), stack)
+        mpijob = jobs.render(job, spec, addresses.cluster)
     except (jobs.JobError, SpecError) as exc:
         fail(str(exc))
     found = jobs.problems(mpijob, spec.kubernetes_version)

@@ -13,18 +13,20 @@ from rich.table import Table
 from rich.tree import Tree
 
 from superkube.cli.common import (
+    STDOUT,
     Output,
     OutputOpt,
     ProjectOpt,
     StackOpt,
-    check_writable,
     err,
     fail,
     out,
+    output_path,
     planned,
     project_dir,
     read_file,
     write_atomically,
+    write_output,
 )
 from superkube.cluster.kube import APISERVER_PORT
 from superkube.model.words import plural
@@ -42,31 +44,46 @@ def plan(
     ] = None,
     project: ProjectOpt = None,
 ) -> None:
-    """Run the Pulumi program offline under the mock engine and show what it would create."""
+    """Run the Pulumi program offline under the mock engine and show what it would create.
 
-    check_writable(out_file, "--out")
-    check_writable(diagram_file, "--diagram")
-    if diagram_file is not None and diagram_file.suffix.lower() != ".svg":
+    `--out -` (or `--diagram -`) writes that to standard output instead of the table."""
+
+    if out_file == STDOUT and diagram_file == STDOUT:
+        fail("--out - and --diagram -: only one of them can be standard output; write the other to a file")
+    if diagram_file not in (None, STDOUT) and diagram_file.suffix.lower() != ".svg":
         fail(f"--diagram {diagram_file}: the diagram is SVG; name the file *.svg")
+    out_path = output_path(out_file, "--out", "a plan superkube wrote (JSON)", is_plan_json)
+    diagram_path = output_path(diagram_file, "--diagram", "a diagram (SVG)", _is_svg)
     # The plan and its document are a few hundred thousand objects that live until the command ends;
     # the cycle collector would scan them all again as the document is built and printed, for nothing.
     with collector.paused(for_the_command=True):
         result = planned(stack, project)
         document = result.to_dict()
-        if out_file is not None:
-            write_atomically(out_file, json.dumps(document, indent=2) + "\n")
-        if diagram_file is not None:
+        if out_path is not None:
+            write_output(out_path, json.dumps(document, indent=2) + "\n")
+        if diagram_path is not None:
             from superkube.plan import diagram  # only with --diagram
 
-            write_atomically(diagram_file, diagram.render(document))
+            write_output(diagram_path, diagram.render(document))
+        if STDOUT in (out_path, diagram_path):
+            return
         if output is Output.json:
             sys.stdout.write(json.dumps(document, indent=2) + "\n")
             return
         _print_plan(result, document)
     if out_file is not None:
-        out.print(f"plan written to {out_file}")
+        out.print(f"plan written to {out_path}")
     if diagram_file is not None:
-        out.print(f"diagram written to {diagram_file}")
+        out.print(f"diagram written to {diagram_path}")
+
+
+def is_plan_json(head: bytes) -> bool:
+    """The start of a plan `superkube plan --out` wrote: its format is the document's first key."""
+    return head.lstrip().startswith(b"{") and b'"format": "superkube-plan/' in head[:200]
+
+
+def _is_svg(head: bytes) -> bool:
+    return head.lstrip().startswith((b"<svg", b"<?xml"))
 
 
 def _rate(bits: int) -> str:
@@ -170,7 +187,34 @@ def _print_plan(result: object, document: dict[str, object]) -> None:
         f"{plural(cap['pod_ips'], 'pod IP')}, {plural(cap['scale_sets'], 'scale set')}, "
         f"{plural(cap['control_plane_vms'], 'control-plane VM')}"
     )
+    _print_teams(result)
     _print_withheld(result)
+    out.print(
+        f"[bold]Next[/]: superkube check --stack {escape(result.stack)} (the policy rules on this plan); "
+        "then the main loop in README.md, step 3",
+        highlight=False,
+    )
+
+
+def _print_teams(result: object) -> None:
+    """Whose each pool's nodes are (superkube:teams), as the nodes register and as later labels
+    may change it: what `job render` holds a job's team to."""
+    from superkube.model.teams import ANY
+    from superkube.plan.engine import Plan
+
+    assert isinstance(result, Plan)
+    spec = result.spec
+    if not spec.teams:
+        return
+    table = Table(title="Teams: whose nodes", title_justify="left")
+    for col in ("pool", "nodes", "team", "on later labels (a rack)"):
+        table.add_column(col, justify="right" if col == "nodes" else "left")
+    owners = spec.team_pools(result.cluster)
+    for pool in spec.node_pools:
+        owner = owners[pool.name]
+        said = "anyone's (no team)" if not owner else "any (anyone may borrow)" if owner == ANY else owner
+        table.add_row(pool.name, f"{pool.nodes:,}", said, ", ".join(spec.later_teams(pool, result.cluster)))
+    out.print(table)
 
 
 def _print_withheld(result: object) -> None:

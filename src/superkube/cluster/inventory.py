@@ -54,6 +54,10 @@ BUILDER_TAG = "superkube-builder"
 """The tag on a capture's builder VM (superkube.fleet.capture), naming the version it bakes."""
 
 
+PLUGIN = "azure.azcollection.azure_rm"
+"""The dynamic-inventory plugin the config names (and by which a file of it is recognised)."""
+
+
 def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
     cluster = addresses.cluster
     groups = [resource_group(cluster), resource_group(cluster, hub=True)]
@@ -62,7 +66,7 @@ def azure_rm(spec: ClusterSpec, addresses: AddressPlan) -> dict[str, Any]:
         **{f"superkube_{k}": v for k, v in cluster_facts(spec, addresses).items()},
     }
     return {
-        "plugin": "azure.azcollection.azure_rm",
+        "plugin": PLUGIN,
         "auth_source": "auto",
         "include_vm_resource_groups": list(groups),
         "include_vmss_resource_groups": list(groups),

@@ -34,6 +34,7 @@ every host of its hostfile answers over SSH as mpirun will reach it, then runs t
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,7 +61,14 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
     name: str = Field(description="Job name (a DNS label of at most 40 characters; pods add suffixes).")
-    namespace: str = Field(default="default", description="Namespace the MPIJob is created in.")
+    namespace: str | None = Field(
+        default=None,
+        description=(
+            "Namespace the MPIJob is created in: one labelled with the job's team when the stack has "
+            "teams (the team webhook admits a team's pods only there); default: `default` on a stack "
+            "without teams."
+        ),
+    )
     image: str = Field(
         description="Container image of the launcher and the workers, pinned by tag or digest."
     )
@@ -70,14 +78,28 @@ class JobSpec(BaseModel):
     )
     workers: int = Field(ge=1, le=100_000, description="Worker pods, one per GPU node.")
     gpus_per_worker: int | None = Field(
-        default=None, ge=1, description="MPI ranks per worker, one per GPU (default: every GPU of the node)."
+        default=None,
+        ge=1,
+        description=(
+            "MPI ranks (slots) per worker (default: one per GPU of the node). A worker always takes the "
+            "whole node and all its GPUs; fewer ranks leave GPUs to the ranks' own use (threads, "
+            "several GPUs per rank)."
+        ),
     )
     team: str = Field(description="The team the job runs as (its pods' superkube.io/team label).")
     borrow: bool = Field(default=False, description="Also run on capacity marked any.")
     pool: str | None = Field(default=None, description="GPU pool (default: the stack's only GPU pool).")
-    mpi_implementation: Literal["OpenMPI", "Intel", "MPICH"] = "OpenMPI"
+    mpi_implementation: Literal["OpenMPI", "Intel", "MPICH"] = Field(
+        default="OpenMPI",
+        description="The MPI the image's mpirun is: it decides the hostfile's format (OpenMPI, Intel, MPICH).",
+    )
     schedule_timeout_seconds: int = Field(
-        default=600, ge=1, description="How long the gang may wait to be placed before it is tried again."
+        default=600,
+        ge=1,
+        description=(
+            "How long the gang may wait for room for every pod (its PodGroup's scheduleTimeoutSeconds) "
+            "before the scheduler gives its place to other gangs and tries it again."
+        ),
     )
     retries: int = Field(
         default=0,
@@ -187,11 +209,15 @@ def load(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        # an unknown key first: `worker: 4` is a misspelt workers, not a missing one
+        errors = sorted(e.errors(include_url=False), key=lambda x: x["type"] != "extra_forbidden")
+        err = errors[0]
         loc = ".".join(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key; use one of: {', '.join(JobSpec.model_fields)}"
+            close = difflib.get_close_matches(str(err["loc"][-1]), list(JobSpec.model_fields), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            msg = f"unknown key; {hint}use one of: {', '.join(JobSpec.model_fields)}"
         elif err["type"] == "missing":
             msg = "is required; add it"
         if "; " not in msg:
@@ -254,12 +280,41 @@ def _fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, vm: vmsizes.VmSize) -
             f"job {job.name}: a launcher of {job.launcher_cpu} CPU and {job.launcher_memory} is more than a "
             f"{home.vm_size} node of pool {home.name} has for pods ({room['cpu']}, {room['memory']}); ask for less"
         )
+
+
+def _team_fits(job: JobSpec, spec: ClusterSpec, pool: NodePool, cluster: str) -> str:
+    """The job's namespace, once its team can be placed on the pool; else a JobError saying why not."""
+    if not spec.teams:
+        return job.namespace or "default"
     named = {t.team for t in spec.teams} - {teams.ANY}
-    if spec.teams and job.team not in named:
+    if job.team not in named:
         raise JobError(
             f"job {job.name}: team {job.team!r} is not in the stack's teams ({', '.join(sorted(named))}); "
             "use one of them or add the team's tuples to superkube:teams"
         )
+    owner = spec.pool_team(pool, cluster)
+    later = spec.later_teams(pool, cluster)
+    if not (owner in (None, job.team) or (owner == teams.ANY and job.borrow) or job.team in later):
+        mine = [p for p, t in spec.team_pools(cluster).items() if t == job.team and p != pool.name]
+        if owner == teams.ANY:
+            fix = "set borrow: true to run on it"
+        else:
+            fix = (
+                f"run it on {job.team}'s pool ({', '.join(mine)})"
+                if mine
+                else f"give {job.team} nodes in superkube:teams"
+            )
+        raise JobError(
+            f"job {job.name}: pool {pool.name}'s nodes belong to team {owner!r} (superkube:teams), so team "
+            f"{job.team!r}'s workers could never be placed; {fix}"
+        )
+    if job.namespace is None:
+        raise JobError(
+            f"job {job.name}: no namespace, and the team webhook admits {job.team}'s pods only in a namespace "
+            f"labelled {teams.TEAM_KEY}={job.team}; set namespace: to that namespace "
+            f"(a cluster admin labels one: kubectl label namespace <name> {teams.TEAM_KEY}={job.team})"
+        )
+    return job.namespace
 
 
 def _container(name: str, job: JobSpec, command: list[str], resources: dict[str, Any]) -> dict[str, Any]:
@@ -297,11 +352,13 @@ def launcher_command(job: JobSpec) -> list[str]:
     return ["/bin/sh", "-c", WAIT_FOR_WORKERS, "superkube-wait-for-workers", *job.command]
 
 
-def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
-    """The MPIJob of a job description on this stack, or a JobError saying why it can never run."""
+def render(job: JobSpec, spec: ClusterSpec, cluster: str = "") -> dict[str, Any]:
+    """The MPIJob of a job description on this stack's cluster (named `cluster`; default: its
+    superkube:cluster_name), or a JobError saying why it can never run."""
     pool = _pool(job, spec)
     vm = vmsizes.size(pool.vm_size, f"node_pools[{pool.name}].vm_size")
     _fits(job, spec, pool, vm)
+    namespace = _team_fits(job, spec, pool, cluster or spec.cluster_name)
     whole_node = vmsizes.fill_one_node(vm)
     whole_node["cpu"] = job.worker_cpu or whole_node["cpu"]
     whole_node["memory"] = job.worker_memory or whole_node["memory"]
@@ -348,7 +405,7 @@ def render(job: JobSpec, spec: ClusterSpec) -> dict[str, Any]:
     return {
         "apiVersion": gang.MPIJOB_API,
         "kind": "MPIJob",
-        "metadata": {"name": job.name, "namespace": job.namespace, "labels": {teams.TEAM_KEY: job.team}},
+        "metadata": {"name": job.name, "namespace": namespace, "labels": {teams.TEAM_KEY: job.team}},
         "spec": {
             "slotsPerWorker": job.gpus_per_worker or vm.gpus,
             "runLauncherAsWorker": False,

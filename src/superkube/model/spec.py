@@ -11,9 +11,11 @@ generated from it (`superkube config-schema --write`) and a test keeps the two e
 from __future__ import annotations
 
 import difflib
+import functools
 import ipaddress
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -21,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from superkube.model import strictyaml
 from superkube.model.rates import parse_rate
-from superkube.model.teams import TEAM_KEY, TeamsError, TeamTuple, template_owner
+from superkube.model.teams import ANY, TEAM_KEY, TeamsError, TeamTuple, template_owner
 from superkube.model.teams import check as teams_check
 
 NAMESPACE = "superkube"
@@ -31,6 +33,16 @@ provider's own key, so it is never a `superkube:` declaration (Pulumi.yaml would
 
 # Azure names built from these must stay within Azure's 64-80 character limits and be valid
 # hostname prefixes, so cluster and pool names are short DNS labels.
+REGIONS_FILE = "src/superkube/data/azure_regions.yaml"
+
+
+@functools.cache
+def azure_regions() -> list[str]:
+    """Azure's public regions by programmatic name (data/azure_regions.yaml)."""
+    path = Path(__file__).resolve().parents[1] / "data" / "azure_regions.yaml"
+    return list(strictyaml.safe_load(path.read_text())["regions"])
+
+
 _LABEL = re.compile(r"^[a-z][a-z0-9-]{0,18}[a-z0-9]$|^[a-z]$")
 _POOL = re.compile(r"^[a-z][a-z0-9]{0,11}$")
 _TAINT = re.compile(r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?:(NoSchedule|PreferNoSchedule|NoExecute)$")
@@ -663,6 +675,19 @@ class ClusterSpec(_Model):
             )
         return v
 
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        known = azure_regions()
+        if v not in known:
+            close = difflib.get_close_matches(v, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(
+                f"{v!r} is not an Azure region; {hint}write a region's programmatic name, e.g. eastus "
+                f"(a region Azure opened since: add it to {REGIONS_FILE})"
+            )
+        return v
+
     @field_validator("hub_address_space", "spoke_address_space", "service_cidr")
     @classmethod
     def _cidrs(cls, v: str) -> str:
@@ -726,6 +751,50 @@ class ClusterSpec(_Model):
         return self
 
     @model_validator(mode="after")
+    def _every_team_can_own_nodes(self) -> ClusterSpec:
+        """A tuple whose selector no pool's nodes can carry, and a team that owns no pool where a
+        higher-priority tuple of `any` takes its nodes, are mistakes nothing would show later."""
+        if not self.teams:
+            return self
+        labels = {p.name: self._decided_labels(p) for p in self.node_pools}
+        for i, t in enumerate(self.teams):
+            if not any(t.matches(ls) or t.undecided_by(ls) for ls in labels.values()):
+                raise SpecError(
+                    f"{NAMESPACE}:teams[{i}].selector",
+                    f"{t.selector} matches no pool's nodes (a pool's nodes carry "
+                    f"{POOL_LABEL}: <pool name>, {ROLE_LABEL}: gpu|cpu and the pool's labels)",
+                    f"select labels a pool's nodes carry, e.g. {{{POOL_LABEL}: {self.node_pools[0].name}}}",
+                )
+        for i, t in enumerate(self.teams):
+            if t.team == ANY or any(u.team == t.team for u in self.teams[:i]):
+                continue  # a team is judged once, at its first tuple; `any` may yield all to teams
+            owns = [n for n, ls in labels.items() if template_owner(self.teams, ls) == t.team]
+            later = [
+                n
+                for n, ls in labels.items()
+                if any(u.team == t.team and u.undecided_by(ls) for u in self.teams)
+            ]
+            if owns or later:
+                continue
+            pool = next(n for n, ls in labels.items() if t.matches(ls))
+            winner = next(u for u in sorted(self.teams, key=lambda u: -u.priority) if u.matches(labels[pool]))
+            raise SpecError(
+                f"{NAMESPACE}:teams[{i}]",
+                f"team {t.team!r} owns no node: pool {pool}'s nodes go to {winner.team!r} "
+                f"(priority {winner.priority}, over {t.priority})",
+                f"give {t.team}'s tuple a priority above {winner.priority}, or select other nodes",
+            )
+        return self
+
+    def _decided_labels(self, pool: NodePool) -> dict[str, str]:
+        """A pool's template labels as far as the spec alone decides them: the cluster's label only
+        when superkube:cluster_name names it (else the stack does, which the spec does not know)."""
+        labels = pool.template_labels(self.cluster_name)
+        if not self.cluster_name:
+            del labels[CLUSTER_LABEL]
+        return labels
+
+    @model_validator(mode="after")
     def _layer_only_has_layer(self) -> ClusterSpec:
         if self.layer_only and not self.in_cluster_layer:
             raise SpecError(
@@ -743,8 +812,30 @@ class ClusterSpec(_Model):
         the node then differ."""
         return template_owner(self.teams, pool.template_labels(cluster))
 
+    def team_pools(self, cluster: str) -> dict[str, str]:
+        """Pool -> the team its nodes register as (by the tuples its template decides): the team's
+        name, `any`, or "" for nodes of no team (anyone's)."""
+        return {p.name: self.pool_team(p, cluster) or "" for p in self.node_pools}
+
+    def later_teams(self, pool: NodePool, cluster: str) -> list[str]:
+        """Teams whose tuples on labels a node gets after it registers (a rack) may take some of the
+        pool's nodes: what the plan cannot decide."""
+        labels = pool.template_labels(cluster)
+        return sorted({t.team for t in self.teams if t.undecided_by(labels)})
+
     def name(self, stack: str) -> str:
-        return self.cluster_name or stack
+        """The cluster's name: superkube:cluster_name, or else the stack's name, which must then
+        be a cluster name too (it names every resource and the VMs' computer names)."""
+        if self.cluster_name:
+            return self.cluster_name
+        if not _LABEL.match(stack):
+            raise SpecError(
+                f"{NAMESPACE}:cluster_name",
+                f"is not set, so the stack's name {stack!r} names the cluster, and it is not a cluster name "
+                "(1-20 characters a-z, 0-9 and '-', starting with a letter)",
+                "set one: pulumi config set superkube:cluster_name gpu-west",
+            )
+        return stack
 
 
 CONFIG_KEYS: tuple[str, ...] = tuple(ClusterSpec.model_fields)
@@ -833,7 +924,8 @@ def from_config(config: Mapping[str, Any]) -> ClusterSpec:
     except SpecError:
         raise
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
+        # an unknown key first: a misspelt key is why the right one is missing
+        err = sorted(exc.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")[0]
         loc = tuple(err["loc"])
         if loc and loc[-1] == "[key]":  # a bad mapping key, e.g. an unknown limit name
             loc = loc[:-1]

@@ -35,7 +35,15 @@ from pulumi.runtime.sync_await import _ensure_event_loop, _sync_await
 from superkube.cluster.render import SECRET
 from superkube.model import files, strictyaml, vmsizes
 from superkube.model.ipam import AddressPlan, plan_addresses
-from superkube.model.spec import KUBECONFIG_KEY, NAMESPACE, YAML_KEYS, ClusterSpec, SpecError, from_config
+from superkube.model.spec import (
+    ARRAY_KEYS,
+    KUBECONFIG_KEY,
+    NAMESPACE,
+    YAML_KEYS,
+    ClusterSpec,
+    SpecError,
+    from_config,
+)
 from superkube.model.teams import PLAN_WEBHOOK_TLS, WEBHOOK_TLS_KEY
 from superkube.plan import collector
 
@@ -395,6 +403,18 @@ def read_stack_config(project: Path, stack: str) -> dict[str, str]:
         namespace, _, short = full.partition(":")
         if namespace == NAMESPACE and short in declared:
             want = declared[short].get("type", "string")
+            if value is None and short not in YAML_KEYS | ARRAY_KEYS:
+                default = declared[short].get("default")
+                raise SpecError(
+                    full,
+                    "has no value (YAML null)",
+                    "write one, or remove the line"
+                    + (
+                        f" for the default ({_as_config_string(default)})"
+                        if default not in (None, "")
+                        else ""
+                    ),
+                )
             # as the Pulumi CLI does: any scalar is a string's text (a share written 0.1 is "0.1"),
             # a mapping or a list is not
             if want == "string" and isinstance(value, dict | list):
