@@ -39,8 +39,7 @@ FROM_THE_PROJECT: dict[str, tuple[set[str], str]] = {
     # module -> (trees, the command that reaches the import, run below): each imports once the
     # project that command found (find_project, or --project) is on sys.path
     "superkube.plan.checks": ({"policies"}, "check"),  # load_rules puts it there first
-    "superkube.lab.layer": ({"modules"}, "lab apply"),  # after planning.run put it there
-    "superkube.lab.agent_pods": ({"modules"}, "lab apply"),  # the same
+    "superkube.lab.agent_pods": ({"modules"}, "lab apply"),  # after planning.run put it there
 }
 ELSEWHERE: dict[str, set[str]] = {
     "superkube.agents.gpu_burn": {"torch"},  # the GPU tests' image has it; without, one line
@@ -270,3 +269,38 @@ def test_inventory_reads_the_stack(outside: Outside) -> None:
     proc = outside.run("inventory", "--stack", "dev")
     assert proc.returncode == 0, proc.stderr
     assert "plugin: azure.azcollection.azure_rm" in proc.stdout
+
+
+IP_STUB = """#!{python}
+import json, sys
+print(json.dumps(sys.argv[1:]))
+print(sys.stdin.read(), end="")
+"""
+
+
+def test_lab_kubectl_hands_every_argument_and_its_input_to_the_lab_s_kubectl(outside: Outside) -> None:
+    """What `superkube lab kubectl` runs: the lab's kubectl as its admin, in the switch namespace
+    (here `ip` is a stand-in that prints what it was asked to run, and its input)."""
+    from superkube.lab.layer import SWITCH
+
+    standin_lab(outside.state)
+    stub = Path(outside.env["PATH"].split(os.pathsep)[0]) / "ip"
+    stub.write_text(IP_STUB.format(python=sys.executable))
+    stub.chmod(0o755)
+    args = ["-n", "research", "apply", "--server-side", "-f", "-", "-o", "name", "--help"]
+    assert SUPERKUBE.is_file()
+    proc = subprocess.run([str(SUPERKUBE), "lab", "kubectl", *args], input="kind: Namespace\n",
+                          capture_output=True, text=True, cwd=outside.cwd, env=outside.env, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    argv, rest = proc.stdout.split("\n", 1)
+    kubeconfig = str(outside.state / "pki" / "admin.kubeconfig")
+    assert json.loads(argv) == [
+        "netns",
+        "exec",
+        SWITCH,
+        str(outside.state / "kubectl"),
+        "--kubeconfig",
+        kubeconfig,
+        *args,
+    ]
+    assert rest == "kind: Namespace\n"

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from modules.platform import node_health, team_capacity
+from modules.platform import node_health, serving_certs, team_capacity
 from superkube.agents import AGENTS_IMAGE, preflight
 from superkube.agents import node_health as health_agent
 from superkube.cluster.cloudinit import POOL_LABEL
@@ -109,6 +109,7 @@ def test_the_agents_run_as_pods_of_the_image_built_from_this_checkout(agents: La
         # admits it (the GPU nodes are the team `any`'s)
         team_capacity.WEBHOOK: 1,
         team_capacity.RECONCILER: 1,
+        serving_certs.NAME: 1,  # the lab's one replica (lab_only), on cpu-1: it renews the kubelets' certificates
     }
     for name, count in expected.items():
         up = wait_for(

@@ -10,6 +10,9 @@ all three nodes have joined and the layer is applied.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from modules.platform import serving_certs
 from modules.platform.gang import CONTROLLER, MPI_OPERATOR
 from superkube.cli import app
 from superkube.cluster import dns, gang, kube
@@ -29,7 +33,7 @@ from superkube.lab.state import LAB_STACK, Lab
 from superkube.model import teams, vmsizes
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
 from superkube.plan import engine as planning
-from tests.lab.conftest import Labs, get, kubectl, ok
+from tests.lab.conftest import CONTROL_PLANE, Labs, get, kubectl, ok
 
 ROOT = Path(__file__).resolve().parents[2]
 JOINED = ("gpu-1", "cpu-1", "gpu-2")  # joined by the modules before (or here, when this one runs alone)
@@ -407,4 +411,58 @@ def test_two_jobs_that_each_want_every_gpu_never_deadlock(trainer: Lab) -> None:
     assert seen_alone, "neither job was seen running whole while the other waited with nothing bound"
     print(
         f"\n  two whole-capacity jobs: {sorted(seen_alone)} seen running while the other waited; both Succeeded"
+    )
+
+
+GUIDE = ROOT / "docs" / "02-the-lab.md"
+SEQUENCE = "<!-- the sequence tests/lab/test_training_job.py runs as written"
+
+
+def guide_sequence() -> list[str]:
+    """The lab guide's commands from nothing to a finished job, each without its comment."""
+    text = GUIDE.read_text()
+    block = text[text.index(SEQUENCE) :]
+    body = block[block.index("```sh\n") + 6 :]
+    body = body[: body.index("```")]
+    return [line.split("  #")[0].strip() for line in body.splitlines() if line.strip()]
+
+
+def test_the_lab_guide_s_sequence_runs_a_job_to_its_end_as_written(trainer: Lab) -> None:
+    """The guide's sequence, each command as a person types it (bash, the installed superkube on the
+    PATH, from the checkout), on the lab these tests share: its first commands are what that lab
+    already did (the same shape, booted by `lab up`'s code and converged by converge's, which take
+    most of the suite's time to do again), and its last (`lab down`) is the session's end. The job's
+    log is read through the kubelet on the launcher's node, whose serving certificate the layer's
+    approver Deployment keeps renewed: no test-side approval runs here."""
+    steps = guide_sequence()
+    assert steps[:4] == [
+        'make doctor PATHS="offline lab"',
+        "make install && . .venv/bin/activate",
+        f"superkube lab up --hosts {CONTROL_PLANE}",
+        "superkube converge",
+    ], steps
+    assert steps[-1] == "superkube lab down", steps
+    script = [steps[0], *steps[4:-1]]  # make install: make test installed it, and the PATH has it
+    kubectl(trainer, "-n", TEAM, "delete", "mpijob", "allreduce-lab", "--ignore-not-found", "--wait=true",
+            "--timeout=60s")  # fmt: skip
+    installed = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PATH"] = f"{installed}{os.pathsep}{env.get('PATH', '')}"
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", "-c", "set -eo pipefail\nset -x\n" + "\n".join(script)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(
+        next(line for line in proc.stdout.splitlines() if line.startswith("allreduce {")).split(" ", 1)[1]
+    )
+    assert report["sum"] == report["expected"] == 10 and report["ranks"] == 4, report
+    # the approver that kept the kubelets reachable is the layer's Deployment, at work on the lab
+    approver = ok(
+        trainer, "-n", serving_certs.NAMESPACE, "logs", f"deployment/{serving_certs.NAME}", "--tail=-1"
+    )
+    assert "approved: the addresses of node" in approver, approver[-2000:]
+    print(
+        f"\n  the lab guide's sequence, after converge: {time.monotonic() - started:.0f} s to the job's log"
     )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from modules.platform import gpu_devices, node_health
+from modules.platform import gpu_devices, node_health, serving_certs
 from superkube.agents import AGENTS_IMAGE, GPU_TESTS_IMAGE, gpu_probe
 from superkube.cli import app
 from superkube.lab import agent_pods, layer
@@ -87,7 +87,11 @@ def test_the_lab_runs_the_layers_agents_with_only_its_listed_stand_ins(flagship_
         *(f"{node_health.HEALTH}-{p}" for p in cpu_pools),
         *(f"balloon-{p.name}" for p in flagship_plan.spec.node_pools),
         *(f"{gpu_devices.NAME}-{p}" for p in pools),
+        serving_certs.NAME,
     }
+    before, after = changed[serving_certs.NAME]  # the approver: one replica, and nothing else
+    assert before["spec"]["replicas"] == 2 and after["spec"]["replicas"] == 1
+    assert {**after, "spec": {**after["spec"], "replicas": 2}} == before
     for p in flagship_plan.spec.node_pools:  # balloons: the replicas, and nothing else
         before, after = changed[f"balloon-{p.name}"]
         assert before["spec"]["replicas"] == p.nodes and after["spec"]["replicas"] == 0

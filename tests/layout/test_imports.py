@@ -39,7 +39,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "lab": {"model", "cluster", "plan", "agents", "fleet", "harness", "modules"},
     "cli": {"model", "cluster", "plan", "agents", "fleet", "harness", "lab"},
 }
-LAB_COMMANDS = {"superkube.cli.lab"}
+LAB_COMMANDS = {"superkube.cli.lab", "superkube.cli.lab_nodes"}
 """the only commands that may import the lab or the harness: `superkube lab ...`"""
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -13,23 +13,15 @@ from superkube.cli.common import (
     Command,
     Output,
     OutputOpt,
+    PassThrough,
     err,
     fail,
     group,
     out,
-    print_roll,
 )
+from superkube.cli.lab_nodes import COMMANDS, lab_call, loaded
 
 lab_app = group("A real node fleet on this machine: booted Debian hosts in network namespaces.")
-
-
-def _lab_call(fn: Any, *args: Any) -> Any:
-    from superkube.lab import hosts as lab
-
-    try:
-        return fn(*args)
-    except lab.LabError as exc:
-        fail(str(exc))
 
 
 @lab_app.command("up", cls=Command)
@@ -55,7 +47,7 @@ def lab_up(
         TextColumn("{task.description:<48}"), BarColumn(), TimeElapsedColumn(), console=err, transient=False
     ) as bar:
         task = bar.add_task("starting", total=1.0)
-        result = _lab_call(lab.up, hosts, lambda what, f: bar.update(task, description=what, completed=f))
+        result = lab_call(lab.up, hosts, lambda what, f: bar.update(task, description=what, completed=f))
     out.print(f"lab up: {len(result.hosts)} hosts; inventory {result.inventory}")
     for h in result.hosts:
         out.print(f"  {h.name:<14} {h.group:<12} {h.address}")
@@ -66,7 +58,7 @@ def lab_status(output: OutputOpt = Output.table) -> None:
     """Show every host: group, address, running, reachable over SSH."""
     from superkube.lab import hosts as lab
 
-    state = _lab_call(lab.status)
+    state = lab_call(lab.status)
     if output is Output.json:
         sys.stdout.write(json.dumps(state, indent=2) + "\n")
         return
@@ -94,7 +86,7 @@ def lab_stop(host: str) -> None:
     """Power one host off (its disk is kept)."""
     from superkube.lab import hosts as lab
 
-    _lab_call(lab.stop_host, host)
+    lab_call(lab.stop_host, host)
     out.print(f"{host} stopped")
 
 
@@ -103,7 +95,7 @@ def lab_start(host: str) -> None:
     """Boot a stopped host again and wait until it is ready."""
     from superkube.lab import hosts as lab
 
-    _lab_call(lab.start_host, host)
+    lab_call(lab.start_host, host)
     out.print(f"{host} started")
 
 
@@ -114,7 +106,7 @@ def lab_down() -> None:
     Every namespace, link, mount and state file goes; the image cache stays."""
     from superkube.lab import hosts as lab
 
-    removed = _lab_call(lab.down)
+    removed = lab_call(lab.down)
     out.print(f"lab down: removed {len(removed)} things" if removed else "no lab was up")
 
 
@@ -132,7 +124,7 @@ def lab_apply(
     fleet = Lab.load()
     if fleet is None:
         fail("no lab is up; run `superkube lab up` and `superkube converge` first")
-    done = _lab_call(layer.apply, fleet, lambda what: err.print(what, highlight=False))
+    done = lab_call(layer.apply, fleet, lambda what: err.print(what, highlight=False))
     if output is Output.json:
         doc = [{"file": a.file, "objects": a.objects, "established": a.established} for a in done]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -163,7 +155,7 @@ def lab_join(
     fleet = Lab.load()
     if fleet is None:
         fail("no lab is up; run `superkube lab up` and `superkube converge` first")
-    joined = _lab_call(nodes.join, fleet, hosts or (), 180, lambda what: err.print(what, highlight=False))
+    joined = lab_call(nodes.join, fleet, hosts or (), 180, lambda what: err.print(what, highlight=False))
     if output is Output.json:
         doc = [{"node": j.name, "kubelet_to_ready_s": j.kubelet_to_ready_s} for j in joined]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -173,147 +165,6 @@ def lab_join(
             out.print(f"{j.name}: already Ready")
         else:
             out.print(f"{j.name}: Ready {j.kubelet_to_ready_s:.1f} s after its kubelet started")
-
-
-def _loaded() -> Any:
-    from superkube.lab.state import Lab
-
-    fleet = Lab.load()
-    if fleet is None:
-        fail("no lab is up; run `superkube lab up` and `superkube converge` first")
-    return fleet
-
-
-@lab_app.command("bake", cls=Command)
-def lab_bake(
-    pool: Annotated[str, typer.Argument(help="The node pool whose image to bake, e.g. gpu.")],
-) -> None:
-    """Bake a pool's node image: converge a builder host with the node roles, keep its root."""
-    from superkube.lab import scaleout
-
-    path = _lab_call(scaleout.bake, _loaded(), pool, lambda what: err.print(what, highlight=False))
-    out.print(f"{pool}: image {path}")
-
-
-@lab_app.command("publish", cls=Command)
-def lab_publish(output: OutputOpt = Output.table) -> None:
-    """Run one round of the join-token publisher.
-
-    A short-lived token is written into each scale set's model."""
-    from superkube.lab import scaleout
-
-    done = _lab_call(scaleout.publish, _loaded())
-    if output is Output.json:
-        sys.stdout.write(json.dumps(done, indent=2) + "\n")
-        return
-    state = "issued" if done["issued"] else "kept"
-    out.print(f"join token {done['token_id']} {state}, valid until {done['expires']}")
-    for name in done["written"]:
-        out.print(f"  {name}: model written")
-
-
-@lab_app.command(
-    "scale", cls=Command, context_settings={"ignore_unknown_options": True}
-)  # -N is a change, not an option
-def lab_scale(
-    pool: Annotated[str, typer.Argument(help="The node pool, e.g. gpu.")],
-    change: Annotated[
-        str, typer.Argument(help="+N instances from the baked image, or -N to return the newest N.")
-    ],
-    name: Annotated[
-        list[str] | None,
-        typer.Option("--name", help="With -N: the instances to return (as remediation deletes a VM)."),
-    ] = None,
-    output: OutputOpt = Output.table,
-) -> None:
-    """Add instances to a pool, or drain and delete some.
-
-    New instances join from the pool's image and custom data alone."""
-    from superkube.lab import scaleout
-
-    sign, digits = change[:1], change[1:]
-    if sign not in "+-" or not digits.isdigit() or int(digits) == 0:
-        fail(f"{change!r}: give +N to add instances or -N to return them, e.g. `lab scale {pool} +4`")
-    if name and sign != "-":
-        fail(f"--name goes with -N (the instances to return), not with {change!r}")
-    fleet = _loaded()
-    say = lambda what: err.print(what, highlight=False)  # noqa: E731
-    if sign == "-":
-        gone = _lab_call(scaleout.scale_in, fleet, pool, int(digits), say, name or [])
-        out.print(f"{pool}: returned {', '.join(gone)}")
-        return
-    added = _lab_call(scaleout.scale_out, fleet, pool, int(digits), 300, say)
-    if output is Output.json:
-        doc = [{"node": i.name, "boot_to_ready_s": i.boot_to_ready_s,
-                "boot_to_schedulable_s": i.boot_to_schedulable_s} for i in added]  # fmt: skip
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return
-    for i in added:
-        out.print(
-            f"{i.name}: Ready {i.boot_to_ready_s:.1f} s, schedulable {i.boot_to_schedulable_s:.1f} s after boot"
-        )
-
-
-@lab_app.command("fault", cls=Command)
-def lab_fault(
-    host: Annotated[str, typer.Argument(help="The node, e.g. gpu-2 or cpu-1.")],
-    kind: Annotated[
-        str,
-        typer.Argument(help="scheduled-event, disk-full, api-unreachable, gpu-fatal, or clear."),
-    ],
-    event_type: Annotated[
-        str, typer.Option("--type", help="The scheduled event: Reboot, Redeploy or Terminate.")
-    ] = "Reboot",
-    not_before: Annotated[
-        int | None,
-        typer.Option(
-            "--in",
-            help="Seconds until the scheduled event's NotBefore (default: five minutes, as `lab fault` documents).",
-            min=1,
-        ),
-    ] = None,
-) -> None:
-    """Put a fault on a lab node for the health loop to find, or clear it.
-
-    Each is real and confined to the node; `clear` takes them all away (the node
-    stays cordoned until a person uncordons it)."""
-    from superkube.lab import faults
-
-    ahead = faults.NOT_BEFORE_S if not_before is None else not_before
-    out.print(_lab_call(faults.inject, _loaded(), host, kind, event_type, ahead))
-
-
-@lab_app.command("roll", cls=Command)
-def lab_roll(
-    pool: Annotated[str, typer.Argument(help="The node pool to roll onto its newest baked image, e.g. gpu.")],
-    batch: Annotated[int, typer.Option("--batch", "-b", min=1, help="Nodes replaced at a time.")] = 2,
-    timeout: Annotated[
-        int, typer.Option("--timeout", min=30, help="Seconds a batch has from its drain to being in service.")
-    ] = 600,
-    fault: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--fault",
-            help="NODE=FAULT: that instance comes up from the new image with a GPU fault "
-            "(gpu-missing or xid-79), to see a roll stop. Repeatable.",
-        ),
-    ] = None,
-    output: OutputOpt = Output.table,
-) -> None:
-    """Roll a pool onto its newest baked image, in health-gated batches.
-
-    A failed batch stops the roll."""
-    from superkube.lab import scaleout
-
-    faults: dict[str, str] = {}
-    for item in fault or []:
-        node, sep, kind = item.partition("=")
-        if not sep or not node or not kind:
-            fail(f"--fault {item!r}: give NODE=FAULT, e.g. --fault gpu-3=gpu-missing")
-        faults[node] = kind
-    say = lambda what: err.print(what, highlight=False)  # noqa: E731
-    report = _lab_call(scaleout.roll_pool, _loaded(), pool, batch, timeout, faults, say)
-    print_roll(report, output)
 
 
 @lab_app.command("build", cls=Command)
@@ -384,3 +235,36 @@ def lab_build(
                     f"{name}: built with {module}: the module proxy refused upstream's pin (manifest.json says why)"
                 )
     out.print(f"cache: {build.CACHE_DIR}")
+
+
+@lab_app.command(
+    "kubectl",
+    cls=PassThrough,
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "allow_interspersed_args": False,
+    },
+)  # every argument after the first is kubectl's, -o and --help included
+def lab_kubectl(ctx: typer.Context) -> None:
+    """Run the lab's kubectl as its admin, where the lab's API server is reachable.
+
+    Every argument goes to kubectl, standard input too: `superkube job render JOB | superkube lab
+    kubectl apply --server-side -f -`. The lab's own pinned kubectl, with the kubeconfig converge
+    wrote, inside the namespace that holds the API servers' load balancer (root)."""
+    import os
+
+    from superkube.lab import layer
+
+    argv = lab_call(layer.kubectl, loaded())
+    sys.stdout.flush()
+    try:
+        os.execvp(argv[0], [*argv, *ctx.args])
+    except OSError as exc:
+        fail(
+            f"{argv[0]}: cannot run it ({exc.strerror or exc}); the lab needs iproute2 (superkube doctor lab)"
+        )
+
+
+for _name, _command, _settings in COMMANDS:  # after build in `lab --help`
+    lab_app.command(_name, cls=Command, context_settings=_settings)(_command)

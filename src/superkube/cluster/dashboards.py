@@ -160,11 +160,6 @@ _GOVERNOR_ONLY = (
     "the scale governor runs only beside cluster-autoscaler on the API-server hosts, and acts by "
     "writing Azure scale sets' max tags; the lab runs neither (scale_governor_start is off there)"
 )
-_APPROVER_OUTSIDE = (
-    "the lab runs the serving-certificate approver's program from the machine that drives it (`lab "
-    "join`), not as the layer's Deployment, which would preempt the tests' pods on its one CPU node; "
-    "no scrape job reaches it there"
-)
 _CLUSTER_STORE_ONLY = (
     "only the store's cluster version has vminsert's RPC to vmstorage; the lab's store is "
     "VictoriaMetrics' single-node version (the monitoring role's lab store)"
@@ -183,8 +178,6 @@ LAB_EMPTY: dict[str, str] = {
     "superkube-autoscaling/Room granted, by scale set": _GOVERNOR_ONLY,
     "superkube-autoscaling/Governors acting, held, and the budget a round may open": _GOVERNOR_ONLY,
     "superkube-autoscaling/Max-size writes and rounds in the last hour": _GOVERNOR_ONLY,
-    "superkube-node-joins/Serving certificates decided in the last hour": _APPROVER_OUTSIDE,
-    "superkube-node-joins/Serving-certificate denials in the last hour, by reason": _APPROVER_OUTSIDE,
     "superkube-health/GPU reset requests and their end, in the last hour": _GPU_RESET_ONLY,
     "superkube-health/VMs deleted in the last hour, and the hour's deletions left": _REMEDIATION_OFF,
     "superkube-health/Cordoned nodes remediation holds, by reason": _REMEDIATION_OFF,

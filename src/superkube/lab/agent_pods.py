@@ -22,6 +22,9 @@ everything it changes is listed here, and nowhere else:
 - The GPU reset's DaemonSet is applied as it is and never runs: its pods go only to nodes the health
   controller labels for a reset, and no lab fault is one a reset clears (a GPU gone, Xid 79); the
   reset is tested against a stand-in NVML instead (tests/agents/test_gpu_reset.py).
+- The serving-certificate approver at one replica: its pods can go only to the lab's one CPU node
+  (the GPU nodes carry the preflight and team taints), where a second would hold a pod IP and
+  CPU for nothing; production runs two, a decision the other made first skipped as a conflict.
 - Balloons at no replicas. Each asks for a whole node of its pool (GPUs included), which no lab node
   has; at the plan's count (the pool's maximum) they would be thousands of Pending pods.
 """
@@ -103,7 +106,7 @@ DEVICE_PLUGIN = "lab-device-plugin"  # its image among the lab's (superkube.lab.
 
 def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The object as the lab runs it (see the module's list); any other object is returned as it is."""
-    from modules.platform import balloons, gpu_devices, node_health
+    from modules.platform import balloons, gpu_devices, node_health, serving_certs
 
     kind, name = obj.get("kind"), str((obj.get("metadata") or {}).get("name", ""))
     agent = next((a for a in (node_health.PREFLIGHT, node_health.HEALTH) if name.startswith(f"{a}-")), None)
@@ -169,5 +172,9 @@ def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None
         out = copy.deepcopy(obj)
         container = out["spec"]["template"]["spec"]["containers"][0]
         container["command"] = _flags(container["command"], {"max-cordoned-share": str(BREAKER_SHARE)})
+        return out
+    if kind == "Deployment" and name == serving_certs.NAME:
+        out = copy.deepcopy(obj)
+        out["spec"]["replicas"] = 1
         return out
     return obj

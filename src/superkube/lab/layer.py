@@ -98,15 +98,8 @@ def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def _stood_in(obj: dict[str, Any]) -> bool:
-    """An object the lab runs another way and so leaves out: the serving-certificate approver's
-    Deployment, whose program `lab join` runs from this machine (`nodes.approve_serving`): its
-    replicas, at system-cluster-critical on the lab's one CPU node, would preempt the pods the tests
-    place there. And what the lab has no GPUs for (`agent_pods.left_out`)."""
-    from modules.platform import serving_certs
-
-    meta = obj.get("metadata") or {}
-    approver = obj.get("kind") == "Deployment" and meta.get("name") == serving_certs.NAME
-    return approver or agent_pods.left_out(obj)
+    """An object the lab has no GPUs for, and so leaves out (`agent_pods.left_out`)."""
+    return agent_pods.left_out(obj)
 
 
 def apply(

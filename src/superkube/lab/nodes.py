@@ -5,7 +5,8 @@ controller-manager, and registers its Node.
 `lab up` writes cloud-init's files on every node host but leaves its runcmd (enabling the join path
 unit) undone: most lab shapes have no API server to join. `join` does what that runcmd does, after
 converge has written the bootstrap kubeconfig, and waits for each Node to be Ready. Then it has each
-node's serving certificate approved (`approve_serving`), so the API servers can reach the kubelets.
+node's first serving certificate approved (`approve_serving`), so the API servers can reach the
+kubelets when join returns; the renewals are the layer's approver Deployment's, once its pod runs.
 """
 
 from __future__ import annotations
@@ -151,10 +152,11 @@ def approve_serving(
 ) -> dict[str, str]:
     """Run the serving-certificate approver (superkube.agents.serving_certs, the program the in-cluster
     layer's Deployment runs) from this machine, as the lab's admin, until each named node's newest
-    kubelet-serving certificate is signed with a minute or more left. The lab's stand-in for that
-    Deployment: no agent runs as a pod on the lab yet. The lab's certificates last minutes
-    (`cluster-signing-duration`) and nothing approves a renewal between calls, so call this again
-    right before anything that reaches a kubelet through the API server."""
+    kubelet-serving certificate is signed with a minute or more left. `join` runs it for a node's
+    first certificate: the Deployment's one pod goes to the lab's CPU node, so before that node has
+    joined (or before `lab apply`) nothing else would approve. After, the Deployment approves the
+    renewals (the lab's certificates last minutes, `cluster-signing-duration`); a test that must
+    reach a kubelet at once, whatever the Deployment is doing, may call this too."""
     wanted = node_hosts(lab, names)
     log = Path(lab.state_dir) / "serving-certs.log"
     with log.open("ab") as out:
