@@ -152,3 +152,25 @@ def test_forgiving_drops_exactly_that_xid_on_that_gpu() -> None:
     assert gpu_probe.forgive(got, {gpu.index: 48}).level == "healthy"
     assert gpu_probe.forgive(got, {gpu.index: 94}).level == "fatal"  # another Xid: not this one
     assert gpu_probe.forgive(got, {gpu.index + 1: 48}).level == "fatal"  # another GPU: not this one
+
+
+def test_a_reading_printed_by_the_probe_command_is_one_explain_reads(tmp_path: Path) -> None:
+    """`python -m superkube.agents.gpu_probe` prints a reading as JSON: each sample reading written
+    that way loads back the same. Without NVML (no driver, as here) the command says so in one line."""
+    import subprocess
+    import sys
+
+    for sample in sorted(READINGS.glob("*.json")):
+        reading = gpu_probe.load_reading(sample)
+        again = tmp_path / sample.name
+        again.write_text(json.dumps(reading.model_dump(mode="json", exclude_none=True)))
+        assert gpu_probe.load_reading(again) == reading, sample.name
+    proc = subprocess.run([sys.executable, "-m", "superkube.agents.gpu_probe", "--vm-size", "Standard_ND96isr_H100_v5"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    if proc.returncode == 0:  # a machine with a GPU and its driver
+        printed = tmp_path / "printed.json"
+        printed.write_text(proc.stdout)
+        assert gpu_probe.load_reading(printed).gpus
+    else:
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert proc.stderr.startswith("error: NVML cannot be read (") and len(proc.stderr.splitlines()) == 1

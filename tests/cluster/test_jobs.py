@@ -310,3 +310,14 @@ def test_no_wait_leaves_the_command_as_given(tmp_path: Path) -> None:
     launcher = waits["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert {"name": jobs.WAIT_SECONDS_ENV, "value": "300"} in launcher["env"]
     assert jobs.problems(waits, spec.kubernetes_version) == []
+
+
+def test_every_field_of_a_job_is_in_the_guide_s_table() -> None:
+    """The guide's table of a job's fields names each field JobSpec has, and none it does not."""
+    import re
+
+    text = (ROOT / "docs" / "06-jobs-and-teams.md").read_text()
+    table = text[text.index("| field | default | what it is |") :]
+    table = table[: table.index("\n\n")]
+    named = {f for row in table.splitlines()[2:] for f in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    assert named == set(jobs.JobSpec.model_fields), named ^ set(jobs.JobSpec.model_fields)

@@ -541,3 +541,40 @@ def read_nvml(node: str, vm_size: str, expected_gpus: int) -> Reading:
         return Reading(node=node, vm_size=vm_size, expected_gpus=expected_gpus, gpus=gpus)
     finally:
         pynvml.nvmlShutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m superkube.agents.gpu_probe`: this node's GPUs read once through NVML, printed as the
+    JSON reading `superkube health explain` judges. Run it on a GPU node, or in its health agent's pod
+    (which sets NODE_NAME, VM_SIZE and EXPECTED_GPUS)."""
+    import argparse
+    import json
+    import os
+    import socket
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m superkube.agents.gpu_probe", description=main.__doc__)
+    p.add_argument("--node", default=os.environ.get("NODE_NAME") or socket.gethostname())
+    p.add_argument("--vm-size", default=os.environ.get("VM_SIZE", ""), help="the node's Azure VM size")
+    p.add_argument("--expected-gpus", type=int, default=int(os.environ.get("EXPECTED_GPUS") or 0))
+    args = p.parse_args(argv)
+    try:
+        reading = read_nvml(args.node, args.vm_size, args.expected_gpus)
+    except ImportError:
+        print("error: nvidia-ml-py is not installed; pip install nvidia-ml-py (the agents' image has it)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    except Exception as exc:  # pynvml.NVMLError and its many subclasses: no driver, no GPU
+        if type(exc).__module__ != "pynvml":
+            raise
+        print(
+            f"error: NVML cannot be read ({exc}); run it on a GPU node whose driver is loaded",
+            file=sys.stderr,
+        )
+        return 2
+    sys.stdout.write(json.dumps(reading.model_dump(mode="json", exclude_none=True), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

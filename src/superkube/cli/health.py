@@ -25,7 +25,14 @@ health_app = group("GPU node health: what a probe reading means.")
 
 @health_app.command("explain", cls=Command)
 def health_explain(
-    reading_file: Annotated[Path, typer.Argument(help="A saved probe reading (JSON).")],
+    reading_file: Annotated[
+        Path,
+        typer.Argument(
+            help="A probe reading (JSON): `python -m superkube.agents.gpu_probe > reading.json` on the node "
+            "or in its health agent's pod writes one; tests/agents/readings/ holds a healthy one and one of "
+            "each fault."
+        ),
+    ],
     dcgm: Annotated[
         Path | None, typer.Option("--dcgm", help="A saved dcgm-exporter scrape of the node, merged in.")
     ] = None,
