@@ -165,3 +165,22 @@ def test_a_drained_node_is_labelled_for_a_reset_only_when_a_reset_may_clear_it(
         until_quiet(ctl, kube, nodes)
         after = kube.nodes["gpu-01"]
         assert health.GPU_RESET_LABEL not in after["metadata"]["labels"] and after["spec"]["unschedulable"]
+
+
+def test_what_the_controller_remembers_of_a_node_goes_with_the_node() -> None:
+    """The nodes the breaker holds and the cordons already warned about are kept only while the node
+    is there, under the same cordon: a deleted node (its VM terminated) is forgotten."""
+    kube = Kube({})
+    nodes = fleet("gpu-01", "gpu-02", "gpu-03")
+    ctl = hc.Controller(kube, lambda: nodes, frozenset({"gpu"}), 0.05)
+    ctl.round()
+    assert ctl.held == {"gpu-03"}  # 2 of 40 may be cordoned at 5 %: the third waits
+    stamp = kube.nodes["gpu-01"]["metadata"]["annotations"][hc.ANNOTATION_AT]
+    ctl.late = {("gpu-01", stamp), ("gpu-01", "an older cordon")}
+    nodes.update({n: hc.slim(kube.nodes[n]) for n in ("gpu-01", "gpu-02")})  # as the round left them
+    del nodes["gpu-03"]
+    ctl.round()
+    assert ctl.held == set() and ctl.late == {("gpu-01", stamp)}
+    del nodes["gpu-01"]
+    ctl.round()
+    assert ctl.late == set()

@@ -189,6 +189,7 @@ class Controller:
         self.metrics.leader.set(1)
         nodes = self.nodes()
         self.metrics.api_up.set(1)
+        self._forget_gone(nodes)
         pools: dict[str, list[dict[str, Any]]] = {pool: [] for pool in self.pools}
         for node in nodes.values():
             pool = node["metadata"]["labels"].get(POOL_LABEL, "")
@@ -200,6 +201,18 @@ class Controller:
         for pool, members in sorted(pools.items()):
             done.update(self._pool(pool, sorted(members, key=lambda n: n["metadata"]["name"])))
         return done
+
+    def _forget_gone(self, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+        """What the controller remembers of a node, only while the node is there as remembered: a
+        node deleted (its VM terminated or replaced) or cordoned again is forgotten, so a long-lived
+        leader holds nothing for nodes long gone, and a new cordon is warned about anew."""
+        self.held &= set(nodes)
+        self.late = {
+            (name, at)
+            for name, at in self.late
+            if name in nodes
+            and (nodes[name]["metadata"].get("annotations") or {}).get(ANNOTATION_AT, "") == at
+        }
 
     def _pool(self, pool: str, members: list[dict[str, Any]]) -> dict[str, Decision]:
         assert self.draining is not None
