@@ -1,8 +1,10 @@
 """superkube: one GPU Kubernetes cluster on Azure per stack (`pulumi up -s <cluster>`).
 
-Thin on purpose: validate the stack's config once, plan its addresses, build the Cluster component
-(or, with superkube:layer_only, the in-cluster layer alone against an existing cluster's kubeconfig).
-`superkube plan` runs this same file under Pulumi's mock engine.
+Thin on purpose: validate the stack's config, plan its addresses, build the Cluster component (or,
+with superkube:layer_only, the in-cluster layer alone against an existing cluster's kubeconfig).
+`superkube plan` runs this same file under Pulumi's mock engine, after it has validated the same
+config strings itself (to refuse a bad stack before the program starts); the program validates them
+again because under `pulumi up` nothing did before it.
 """
 
 import pulumi

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from superkube.harness import build as build_components
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / ".ci" / "out"
 BIN = ROOT / ".venv" / "bin"
@@ -55,18 +57,8 @@ REAL = ("tests/agents", "tests/fleet", "tests/harness")
 LAB = ("tests/lab",)
 """the runs on a booted lab, in the order of their lab's shape (tests/lab/conftest.py)"""
 LANES = {"offline": OFFLINE, "real": REAL, "lab": LAB}
-HOST_COMPONENTS = (
-    "etcd",
-    "kubernetes",
-    "kubernetes-node",
-    "scheduler-plugins",
-    "containerd",
-    "runc",
-    "prometheus",
-)
-"""what `lab up` gives the lab's hosts (superkube.harness.build.HOST_COMPONENTS: a test holds them equal)"""
-IMAGE_COMPONENTS = ("coredns", "scheduler-plugins-controller", "mpi-operator")
-"""what `lab up` makes its nodes' images of (superkube.harness.build.IMAGE_COMPONENTS, held equal too)"""
+LAB_COMPONENTS = build_components.LAB_COMPONENTS
+"""what `lab up` gives the lab's hosts and makes its nodes' images of: the lab lane builds them first"""
 TAIL_LINES = 40
 MYPY_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "superkube" / "mypy"
 """mypy's incremental cache, kept beside the build's and Go's caches rather than in the clone: a module
@@ -135,7 +127,7 @@ while both want the CPU, and all of it while the lab waits)"""
 
 
 SEQUENCES = {
-    "lab": [build("build-hosts", HOST_COMPONENTS + IMAGE_COMPONENTS), pytest("lab", LAB)],
+    "lab": [build("build-hosts", LAB_COMPONENTS), pytest("lab", LAB)],
     "units": [
         Step("lint", ["make", "--no-print-directory", "lint-quick"], niceness=UNITS_NICENESS),
         pytest("offline", OFFLINE, niceness=UNITS_NICENESS),

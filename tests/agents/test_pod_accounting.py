@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from superkube.agents import cni_accounting, cni_config
+from superkube.agents import cni_accounting, cni_config, iptables_exporter
 from superkube.harness.podnet import HUB, INTERNET, NODE_IP, Pod, RoleFiles
 from superkube.harness.podnet import PodNode as Node
 from superkube.plan import checks
@@ -150,8 +150,23 @@ def test_the_nodes_rule_restore_keeps_the_per_pod_counters(node: Node) -> None:
             "-A OUTPUT -j SUPERKUBE-ACCT-OUT",
         ]
     ), "each jump once, however often the rules are restored"
-    # the exporter holds nothing: a new one (a restarted exporter) reads the same counters
-    assert node.per_pod() == node.per_pod()
+    # the counters live in the kernel, not the exporter: a restarted exporter (a new one, its label
+    # cache empty as a new process's) reads the same series the running one does
+    wrapper = node.tmp / "iptables-save-in-node"
+    wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {node.name} iptables-save "$@"\n')
+    wrapper.chmod(0o755)
+
+    def pod_series(body: bytes) -> list[str]:
+        return sorted(line for line in body.decode().splitlines() if 'pod="a-0"' in line)
+
+    running = pod_series(iptables_exporter.Exporter(["mangle"], str(wrapper)).scrape())
+    iptables_exporter._LABELS.clear()
+    restarted = pod_series(iptables_exporter.Exporter(["mangle"], str(wrapper)).scrape())
+    assert restarted == running and len(running) == 2 * len(TRAFFIC), running
+    total = 3 * (700 + HEADERS) + 100 + HEADERS
+    assert any('traffic="internet-out"' in line and line.endswith(f" {total}") for line in restarted), (
+        restarted
+    )
 
 
 def test_a_pod_without_names_keeps_node_level_accounting_and_logs_one_line(node: Node) -> None:

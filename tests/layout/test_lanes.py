@@ -51,5 +51,30 @@ def test_every_lab_module_runs_in_its_shapes_place() -> None:
 
 
 def test_the_lab_lane_builds_what_lab_up_boots() -> None:
-    assert runner().HOST_COMPONENTS == build.HOST_COMPONENTS
-    assert runner().IMAGE_COMPONENTS == build.IMAGE_COMPONENTS
+    assert runner().LAB_COMPONENTS == build.HOST_COMPONENTS + build.IMAGE_COMPONENTS
+
+
+def test_on_ci_a_skip_or_an_xfail_fails_the_run_and_elsewhere_does_not(tmp_path: Path) -> None:
+    """The suite's own rule (tests/conftest.py), run on a throwaway test file: under CI=true a
+    skipped test and an xfail-marked one each fail the run; without CI they pass."""
+    import os
+    import subprocess
+
+    cases = {
+        "skip": "import pytest\n\ndef test_a():\n    pytest.skip('needs a thing')\n",
+        "xfail": "import pytest\n\n@pytest.mark.xfail(reason='later')\ndef test_a():\n    assert False\n",
+        "xpass": "import pytest\n\n@pytest.mark.xfail(reason='later')\ndef test_a():\n    assert True\n",
+    }
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    for name, text in cases.items():
+        test = tmp_path / f"test_{name}.py"
+        test.write_text(text)
+        for ci, want in (("true", 1), ("", 0)):
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                 "--rootdir", str(tmp_path), "-c", os.devnull, str(test)],
+                cwd=ROOT, env={**env, "CI": ci}, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert proc.returncode == want, (name, ci, proc.stdout[-1500:])
+            if want:
+                assert "skipped or marked xfail" in proc.stdout, proc.stdout[-1500:]

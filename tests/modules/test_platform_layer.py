@@ -772,3 +772,29 @@ def test_the_gpu_reset_runs_only_on_nodes_the_controller_labelled_as_root_with_n
     assert not _allowed("superkube-system/superkube-node-health-gpu/agent")
     fences = {p["metadata"]["name"] for p in of_kind(any_plan, "ValidatingAdmissionPolicy")}
     assert "superkube-gpu-reset-own-node" in fences
+
+
+@pytest.mark.parametrize(("gpu_nodes", "cpu_nodes", "want"), [(1, None, 1), (1, 1, 2), (4, 3, 2)])
+def test_cluster_dns_asks_for_no_more_replicas_than_the_stack_has_nodes(
+    gpu_nodes: int, cpu_nodes: int | None, want: int, write_stack: Callable[..., Path]
+) -> None:
+    """Each CoreDNS replica needs a node of its own (required anti-affinity): a stack of one node
+    gets one replica, not a second that could never be placed."""
+    from superkube.cluster import dns
+
+    config = dev_config()
+    pools = yaml.safe_load(config["superkube:node_pools"])
+    gpu = next(p for p in pools if p["role"] == "gpu")
+    cpu = next(p for p in pools if p["role"] == "cpu")
+    kept = [{**gpu, "nodes": gpu_nodes, "min_nodes": 0}]
+    if cpu_nodes is not None:
+        kept.append({**cpu, "nodes": cpu_nodes, "min_nodes": 0})
+    config["superkube:node_pools"] = yaml.safe_dump(kept)
+    plan = planning.run(ROOT, str(write_stack(config)))
+    deployment = named(plan, "Deployment", dns.NAME)
+    assert plan.spec.dns_replicas == 2 and deployment["spec"]["replicas"] == want
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert (
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"]
+        == "kubernetes.io/hostname"
+    )

@@ -65,8 +65,8 @@ from superkube.agents.scale_governor import (
     AzureTags,
     KubeReader,
     ServiceError,
-    _read_json,
     metrics_options,
+    read_json,
     serve_metrics,
 )
 from superkube.cluster import join
@@ -99,7 +99,7 @@ class ArmModels:
             method="PATCH",
             headers={"Authorization": f"Bearer {self.azure.token()}", "Content-Type": "application/json"},
         )
-        _read_json(req, f"writing scale set {scale_set}'s custom data", self.timeout)
+        read_json(req, f"writing scale set {scale_set}'s custom data", self.timeout)
 
 
 class DirectoryModels:

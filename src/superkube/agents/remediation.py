@@ -62,8 +62,8 @@ try:  # in the package; on a host, the governor's file beside this one
         AzureTags,
         KubeReader,
         ServiceError,
-        _read_json,
         metrics_options,
+        read_json,
         serve_metrics,
         service_parser,
     )
@@ -73,8 +73,8 @@ except ImportError:  # pragma: no cover (the host's layout, run by the role's te
         AzureTags,
         KubeReader,
         ServiceError,
-        _read_json,
         metrics_options,
+        read_json,
         serve_metrics,
         service_parser,
     )
@@ -358,7 +358,7 @@ class AzureInstances(AzureTags):
         url = f"{self.arm}{path}?api-version={COMPUTE_API}"
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"}
-        return _read_json(
+        return read_json(
             urllib.request.Request(url, data=data, method=method, headers=headers), what, self.timeout
         )
 
@@ -521,14 +521,14 @@ class NodeWriter(KubeReader):
             self.server + path, data=json.dumps(body).encode(), method="PATCH",
             headers={"Accept": "application/json", "Content-Type": "application/merge-patch+json"},
         )  # fmt: skip
-        return _read_json(req, f"PATCH {path}", self.timeout, self.tls)
+        return read_json(req, f"PATCH {path}", self.timeout, self.tls)
 
     def delete(self, path: str) -> Any:
         req = urllib.request.Request(
             self.server + path, method="DELETE", headers={"Accept": "application/json"}
         )
         try:
-            return _read_json(req, f"DELETE {path}", self.timeout, self.tls)
+            return read_json(req, f"DELETE {path}", self.timeout, self.tls)
         except ServiceError as exc:
             if "HTTP 404" in str(exc):
                 return None

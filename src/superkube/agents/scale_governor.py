@@ -404,7 +404,7 @@ class ServiceError(RuntimeError):
     """Something the operator must fix (a config, a kubeconfig, a refused identity): one line."""
 
 
-def _read_json(req: urllib.request.Request, what: str, timeout: float, context: Any = None) -> Any:
+def read_json(req: urllib.request.Request, what: str, timeout: float, context: Any = None) -> Any:
     try:
         with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             body = resp.read()
@@ -441,7 +441,7 @@ class KubeReader:
         """The object at `path`, or None where the API server has none (404)."""
         req = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
         try:
-            return _read_json(req, f"GET {path}", self.timeout, self.tls)
+            return read_json(req, f"GET {path}", self.timeout, self.tls)
         except ServiceError as exc:
             if "HTTP 404" in str(exc):
                 return None
@@ -463,7 +463,7 @@ class KubeReader:
             method=method,
             headers={"Accept": "application/json", "Content-Type": "application/json"},
         )
-        return _read_json(req, f"{method} {path}", self.timeout, self.tls)
+        return read_json(req, f"{method} {path}", self.timeout, self.tls)
 
     def status(self) -> str | None:
         cm = self.get(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{STATUS_CONFIGMAP}")
@@ -499,7 +499,7 @@ class AzureTags:
                 {"api-version": IMDS_API_VERSION, "resource": self.arm + "/", "client_id": self.client_id}
             )
             req = urllib.request.Request(f"{self.imds}?{query}", headers={"Metadata": "true"})
-            body = _read_json(req, f"the managed identity {self.client_id}'s token", self.timeout)
+            body = read_json(req, f"the managed identity {self.client_id}'s token", self.timeout)
             try:
                 self._token = (str(body["access_token"]), float(body["expires_on"]))
             except (KeyError, TypeError, ValueError):
@@ -519,7 +519,7 @@ class AzureTags:
                 method="PATCH",
                 headers={"Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"},
             )
-            _read_json(req, f"setting max {size} on scale set {name}", self.timeout)
+            read_json(req, f"setting max {size} on scale set {name}", self.timeout)
 
 
 @dataclass(frozen=True)

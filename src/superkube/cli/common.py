@@ -117,6 +117,20 @@ def read_inventory(path: Path, fix: str, option: str = "--inventory") -> None:
         read_file(path, option, fix, kind="text")
 
 
+def fleet_inventory(inventory: Path | None) -> Path:
+    """The inventory a fleet command acts on: the one given, else $SUPERKUBE_INVENTORY, else the
+    running lab's; checked as read_inventory checks it (one line and exit 2)."""
+    from superkube.fleet import converge as fleet
+
+    if inventory is None:
+        try:
+            inventory = fleet.default_inventory()
+        except fleet.FleetError as exc:
+            fail(str(exc))
+    read_inventory(inventory, "give an inventory: superkube inventory writes one, superkube lab up another")
+    return inventory
+
+
 def package_version() -> str:
     """superkube's version, from the installed package's metadata."""
     from importlib.metadata import PackageNotFoundError, version
@@ -316,7 +330,7 @@ def write_output(path: Path, text: str) -> None:
         write_atomically(path, text)
 
 
-def planned(stack: str, project: Path | None) -> Any:
+def plan_or_exit(stack: str, project: Path | None) -> Any:
     """Plan a stack under the mock engine with a spinner; a bad stack or program is one line and exit."""
     from superkube.plan import engine as planning
 

@@ -13,10 +13,9 @@ from superkube.cli.common import (
     Output,
     OutputOpt,
     err,
-    fail,
+    fleet_inventory,
     group,
     out,
-    read_inventory,
 )
 
 etcd_app = group("The cluster's two etcd clusters (main and events).")
@@ -37,12 +36,7 @@ def etcd_status(
     """Members, health, leader and DB size of the main and events clusters, as each member reports."""
     from superkube.fleet import converge as fleet
 
-    if inventory is None:
-        try:
-            inventory = fleet.default_inventory()
-        except fleet.FleetError as exc:
-            fail(str(exc))
-    read_inventory(inventory, "give an inventory: superkube inventory writes one, superkube lab up another")
+    inventory = fleet_inventory(inventory)
     with err.status("asking every etcd member"):
         state = fleet.etcd_status(inventory)
     clusters = state["clusters"]

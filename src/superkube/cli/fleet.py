@@ -19,10 +19,10 @@ from superkube.cli.common import (
     StackOpt,
     err,
     fail,
+    fleet_inventory,
     out,
     output_path,
     project_dir,
-    read_inventory,
     write_output,
 )
 from superkube.model.spec import SpecError
@@ -53,12 +53,7 @@ def converge(
 
     from superkube.fleet import converge as fleet
 
-    if inventory is None:
-        try:
-            inventory = fleet.default_inventory()
-        except fleet.FleetError as exc:
-            fail(str(exc))
-    read_inventory(inventory, "give an inventory: superkube inventory writes one, superkube lab up another")
+    inventory = fleet_inventory(inventory)
     if retry:
         if limit:
             fail("--retry and --limit both choose hosts; give one")

@@ -21,7 +21,7 @@ from superkube.cli.common import (
     fail,
     group,
     out,
-    planned,
+    plan_or_exit,
     print_roll,
     project_dir,
     read_file,
@@ -89,7 +89,7 @@ def image_capture(
         t = capture.target(
             spec, addresses, subscription, pool, version
         )  # a bad pool or version: before planning
-        t = dataclasses.replace(t, pool_files=capture.pool_files(planned(stack, project), pool))
+        t = dataclasses.replace(t, pool_files=capture.pool_files(plan_or_exit(stack, project), pool))
     except capture.CaptureError as exc:
         fail(str(exc))
 

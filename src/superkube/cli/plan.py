@@ -22,7 +22,7 @@ from superkube.cli.common import (
     fail,
     out,
     output_path,
-    planned,
+    plan_or_exit,
     project_dir,
     read_file,
     write_atomically,
@@ -57,7 +57,7 @@ def plan(
     # The plan and its document are a few hundred thousand objects that live until the command ends;
     # the cycle collector would scan them all again as the document is built and printed, for nothing.
     with collector.paused(for_the_command=True):
-        result = planned(stack, project)
+        result = plan_or_exit(stack, project)
         document = result.to_dict()
         if out_path is not None:
             write_output(out_path, json.dumps(document, indent=2) + "\n")
@@ -251,7 +251,7 @@ def render(
             fail(f"--out {out_dir}: is a file; give a directory")
         if not out_dir.resolve().parent.is_dir():
             fail(f"--out {out_dir}: {out_dir.resolve().parent} does not exist; create it first")
-    result = planned(stack, project)
+    result = plan_or_exit(stack, project)
     by_component, withheld = layer.written(result)
     if not by_component:
         fail(

@@ -23,7 +23,7 @@ def is_object(resource: Resource) -> bool:
     return resource.custom and resource.type.startswith("kubernetes:")
 
 
-def planned(resource: Resource) -> dict[str, Any]:
+def object_of(resource: Resource) -> dict[str, Any]:
     """The object as the plan holds it: apiVersion and kind first, a secret value as SECRET."""
     inputs = dict(resource.inputs)
     head = {"apiVersion": inputs.pop("apiVersion"), "kind": inputs.pop("kind")}
@@ -33,7 +33,7 @@ def planned(resource: Resource) -> dict[str, Any]:
 def manifest(resource: Resource) -> dict[str, Any]:
     """The object as the API server would receive it: apiVersion and kind first. A Secret's data is
     secret in the plan and stays out of it: it is shown empty (its keys and values never leave Pulumi)."""
-    return redacted(planned(resource))
+    return redacted(object_of(resource))
 
 
 def component_of(plan: Plan, resource: Resource) -> str:
@@ -78,7 +78,7 @@ def _as_planned(plan: Plan) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for resource in plan.resources:
         if is_object(resource):
-            out[component_of(plan, resource)].append(planned(resource))
+            out[component_of(plan, resource)].append(object_of(resource))
     # the foundation (namespace, classes) first, then the rest by name: the order files are applied in
     order = sorted(out, key=lambda c: (c != "foundation", c))
     return {component: sorted(out[component], key=_apply_rank) for component in order}
@@ -145,5 +145,5 @@ def problems(plan: Plan, kubernetes_version: str) -> list[Problem]:
     found: list[Problem] = []
     for resource in plan.resources:
         if is_object(resource):
-            found += validate(planned(resource), kubernetes_version, component_of(plan, resource))
+            found += validate(object_of(resource), kubernetes_version, component_of(plan, resource))
     return found
