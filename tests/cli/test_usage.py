@@ -315,7 +315,7 @@ def inventory(tmp_path: Path, port: int, hosts: dict[str, Any]) -> dict[str, str
             {
                 "all": {
                     "vars": {
-                        "superkube_lab": True,
+                        "monitoring_single_node_store": True,
                         "superkube_cluster": OTHER,
                         "monitoring_store_port": port,
                         "ansible_ssh_common_args": "-o ProxyCommand='nc %h %p' -o StrictHostKeyChecking=yes",

@@ -29,12 +29,13 @@ from superkube.cluster import dashboards
 from superkube.cluster.kube import IPTABLES_EXPORTER_PORT, NODE_EXPORTER_PORT
 from superkube.fleet import converge as runner
 from superkube.fleet.usage import TRAFFIC
+from superkube.lab.inventory import LAB_SHARDS
 from superkube.lab.state import Lab
 from tests.lab.conftest import CNIRUN, Labs, counters, deliver, panels_on_the_lab, put_cnirun, sh
 
 ROLE = yaml.safe_load((runner.PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
 HOST = "monitoring-1"
-SHARDS = tuple(ROLE["monitoring_prometheus_port"] + i for i in range(ROLE["monitoring_lab_shards"]))
+SHARDS = tuple(ROLE["monitoring_prometheus_port"] + i for i in range(LAB_SHARDS))
 STORE = ROLE["monitoring_store_port"]
 NODES = ("gpu-1", "gpu-2")
 NODE, IPTABLES = NODE_EXPORTER_PORT, IPTABLES_EXPORTER_PORT

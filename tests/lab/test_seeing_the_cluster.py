@@ -30,9 +30,10 @@ import pytest
 from superkube.cluster import dashboards, monitoring
 from superkube.cluster.kube import PROMETHEUS_PKI_DIR
 from superkube.lab import machines
+from superkube.lab.inventory import LAB_SKIPPED_JOBS
 from superkube.lab.state import Lab
 from superkube.model import teams
-from tests.lab.conftest import MONITORING_ROLE, Labs, from_the_store, kubectl, ok, panels_on_the_lab, sh
+from tests.lab.conftest import Labs, from_the_store, kubectl, ok, panels_on_the_lab, sh
 
 HOST = "monitoring-1"
 NAMESPACE = "seeing-the-cluster"
@@ -176,7 +177,7 @@ def test_every_target_of_every_job_is_scraped(watched: Lab) -> None:
     """Every job the cluster's configuration has, except the programs the lab does not run, has
     targets, and they are up: the credentials work, discovery finds nodes and pods."""
     expect = {job.name for job in monitoring.jobs()}
-    expect -= set(MONITORING_ROLE["monitoring_lab_skipped_jobs"])  # they write to Azure: the lab runs none
+    expect -= set(LAB_SKIPPED_JOBS)  # they write to Azure: the lab runs none
     deadline = time.monotonic() + 120
     while True:
         series = from_the_store(watched, "up")

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from superkube.cli import app
 from superkube.cluster import dashboards, kube, wiring
 from superkube.cluster.kube import metrics_store_query_url
+from superkube.lab.inventory import LAB_ROLE_VARS
 from superkube.plan.engine import Plan
 from tests.cluster.test_prometheus import checkable, promtool
 from tests.conftest import ROOT
@@ -305,6 +306,6 @@ def test_no_grafana_task_runs_in_the_lab(engine: wiring.Wiring) -> None:
         "monitoring_grafana_install": True
     }
     lab = engine.render(
-        "monitoring", host, ["monitoring_grafana_install", "monitoring_grafana_files"], superkube_lab=True
+        "monitoring", host, ["monitoring_grafana_install", "monitoring_grafana_files"], **LAB_ROLE_VARS
     )
     assert lab == {"monitoring_grafana_install": False, "monitoring_grafana_files": {}}

@@ -297,8 +297,8 @@ def inventory_store(path: Path) -> Store | None:
     variables: dict[str, Any] = given if isinstance(given, dict) else {}
     role = yaml.safe_load((PLAYBOOKS / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
     monitoring, stores = _hosts(everything, MONITORING), _hosts(everything, METRICS_STORE)
-    if variables.get("superkube_lab") and monitoring:
-        # the monitoring role's single-node store (monitoring_single_node_store) on its first host
+    if variables.get("monitoring_single_node_store") and monitoring:
+        # the monitoring role's single-node store (the lab's inventory sets it) on its first host
         url = (
             f"http://{monitoring[0]}:{variables.get('monitoring_store_port', role['monitoring_store_port'])}"
         )
