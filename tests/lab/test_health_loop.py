@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
@@ -85,9 +85,17 @@ def gone(fleet: Lab, name: str, timeout: float = 120) -> None:
              lambda: kubectl(fleet, "get", "pod", "-n", NAMESPACE, name).returncode != 0, timeout=timeout)  # fmt: skip
 
 
-def reasons(fleet: Lab, node: str) -> set[str]:
+def reasons(fleet: Lab, node: str, since: datetime) -> set[str]:
+    """The reasons of the node's Events from `since` on (a test's own start): an Event an earlier
+    module left on the same node does not count."""
     events = get(fleet, "events", "-A", f"--field-selector=involvedObject.name={node}")["items"]
-    return {e["reason"] for e in events}
+    earliest = since.replace(microsecond=0) - timedelta(seconds=1)  # lastTimestamp is in whole seconds
+    return {
+        e["reason"]
+        for e in events
+        if max(datetime.fromisoformat(t) for t in (e.get("lastTimestamp"), e.get("eventTime"),
+                                                    e["metadata"]["creationTimestamp"]) if t) >= earliest
+    }  # fmt: skip
 
 
 @pytest.fixture
@@ -110,6 +118,7 @@ def returned(loop: Lab) -> Iterator[list[str]]:
 def test_a_full_disk_gets_a_cpu_node_cordoned_and_drained_for_that_reason(
     loop: Lab, returned: list[str], tmp_path: Path
 ) -> None:
+    since = datetime.now(UTC)
     node = "cpu-1"
     workload(loop, "on-a-full-disk", node)
     returned.append(node)
@@ -131,7 +140,7 @@ def test_a_full_disk_gets_a_cpu_node_cordoned_and_drained_for_that_reason(
     assert "root filesystem" in reason and "full (space)" in reason, reason
     gone(loop, "on-a-full-disk")
     wait_for(f"{node}: marked drained", lambda: health.DRAINED_AT in notes(loop, node))
-    assert "NodeHealthCordon" in reasons(loop, node)
+    assert "NodeHealthCordon" in reasons(loop, node, since)
     # its own agent and the system stay on it: health drains workloads only
     agents = get(loop, "pods", "-n", "superkube-system", f"--field-selector=spec.nodeName={node}")["items"]
     assert any(p["metadata"]["name"].startswith("superkube-node-health-") for p in agents)
@@ -149,6 +158,7 @@ def test_a_full_disk_gets_a_cpu_node_cordoned_and_drained_for_that_reason(
 def test_a_scheduled_reboot_is_drained_for_approved_before_its_time_and_back_in_service_after(
     loop: Lab, returned: list[str]
 ) -> None:
+    since = datetime.now(UTC)
     node = "gpu-2"
     uid = get(loop, "node", node)["metadata"]["uid"]
     workload(loop, "under-maintenance", node)
@@ -185,20 +195,22 @@ def test_a_scheduled_reboot_is_drained_for_approved_before_its_time_and_back_in_
     left = back["metadata"].get("annotations") or {}
     assert not {health.ANNOTATION, health.CORDON_KIND, health.DRAINED_AT} & set(left), left
     assert left[health.VERDICT_ANNOTATION] == "healthy"
-    assert {"MaintenanceCordon", "ScheduledEventApproved", "MaintenanceOver"} <= reasons(loop, node)
+    assert {"MaintenanceCordon", "ScheduledEventApproved", "MaintenanceOver"} <= reasons(loop, node, since)
 
 
 def test_a_node_cut_off_from_the_api_servers_is_cordoned_for_it(loop: Lab, returned: list[str]) -> None:
+    since = datetime.now(UTC)
     node = "gpu-2"
     returned.append(node)
     faults.inject(loop, node, "api-unreachable")
     # three failed rounds in a row, then fatal: its agent reaches the API through the Service
     there = cordoned(loop, node, timeout=180)
     assert "API servers unreachable at" in there["metadata"]["annotations"][health.ANNOTATION]
-    assert "NodeHealthCordon" in reasons(loop, node)
+    assert "NodeHealthCordon" in reasons(loop, node, since)
 
 
 def test_a_gpu_off_the_bus_from_the_fault_command_cordons_the_node(loop: Lab, returned: list[str]) -> None:
+    since = datetime.now(UTC)
     node = "gpu-1"
     workload(loop, "on-a-sick-gpu", node)
     returned.append(node)
@@ -206,4 +218,4 @@ def test_a_gpu_off_the_bus_from_the_fault_command_cordons_the_node(loop: Lab, re
     there = cordoned(loop, node)
     assert "79" in there["metadata"]["annotations"][health.ANNOTATION]
     gone(loop, "on-a-sick-gpu")
-    assert "GPUHealthCordon" in reasons(loop, node)
+    assert "GPUHealthCordon" in reasons(loop, node, since)

@@ -28,7 +28,7 @@ from modules.platform.gang import CONTROLLER, MPI_OPERATOR
 from superkube.cli import app
 from superkube.cluster import dns, gang, kube
 from superkube.cluster.cloudinit import POOL_LABEL
-from superkube.lab import images, nodes
+from superkube.lab import images, machines, nodes
 from superkube.lab.state import LAB_STACK, Lab
 from superkube.model import teams, vmsizes
 from superkube.model.spec import PREFLIGHT_TAINT_KEY
@@ -351,8 +351,13 @@ def test_a_killed_worker_fails_the_run_and_the_job_starts_again_whole(trainer: L
             break
         assert time.monotonic() < deadline, [(p["metadata"]["name"], p["status"].get("phase")) for p in pods]
         time.sleep(0.5)
-    time.sleep(8)  # mid-run: the ranks are reducing
     victim = f"{name}-worker-1"
+    # mid-run: the victim's rank is reducing (the launcher first waits for every worker's SSH, then
+    # mpirun starts the ranks: a fixed sleep could end before either)
+    node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["name"] == victim)
+    while not machines.ssh(trainer, trainer.host(node), "pgrep -f 'allreduce[.]py --seconds'").stdout.strip():
+        assert time.monotonic() < deadline, f"no rank of {name} started on {node}"
+        time.sleep(0.5)
     before = get(trainer, "-n", TEAM, "pod", victim)["metadata"]["uid"]
     ok(trainer, "-n", TEAM, "delete", "pod", victim, "--wait=false")
     deadline, again, restarts = time.monotonic() + 300, set(), 0
