@@ -26,9 +26,10 @@ from modules.platform import objects
 from modules.platform.foundation import NAMESPACE
 from modules.platform.objects import Manifest
 from superkube.cluster.cloudinit import POOL_LABEL
+from superkube.cluster.kube import GPU_DEVICES_COMPONENT, GPU_DEVICES_NAME
 
-COMPONENT = "gpu-devices"
-NAME = "nvidia-device-plugin"
+COMPONENT = GPU_DEVICES_COMPONENT
+NAME = GPU_DEVICES_NAME
 VERSION = "v0.17.1"
 IMAGE = f"nvcr.io/nvidia/k8s-device-plugin:{VERSION}"
 """NVIDIA's release (its static deployment's image)."""

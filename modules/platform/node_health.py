@@ -70,15 +70,15 @@ from superkube.model.spec import NodePool as PoolSpec
 from superkube.model.vmsizes import GPU_RESOURCE, VmSize
 
 COMPONENT = NODE_HEALTH_COMPONENT
-HEALTH = "superkube-node-health"
-PREFLIGHT = "superkube-preflight"
+HEALTH = health.HEALTH_AGENT
+PREFLIGHT = health.PREFLIGHT_AGENT
 THRESHOLDS_NAME = "superkube-gpu-health"
 THRESHOLDS_DIR = "/etc/superkube"
-GPU_TEST = "superkube-gpu-test"
+GPU_TEST = health.GPU_TEST
 FENCE = "superkube-preflight-own-node"
 GPU_TEST_FENCE = "superkube-gpu-test-own-node"
 HEALTH_FENCE = "superkube-node-health-own-node"
-HEALTH_CONTROLLER = "superkube-node-health-controller"
+HEALTH_CONTROLLER = health.HEALTH_CONTROLLER
 CONTROLLER_FENCE = "superkube-node-health-controller-nodes"
 HEALTH_EVICTION_FENCE = "superkube-node-health-evictions"
 REMEDIATION_FENCE_NAME = "superkube-remediation-nodes"
@@ -97,7 +97,7 @@ SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/tmp"}
 # periodic test run the same burn, so they get the same memory; the health agent only reads NVML
 BURN_MEMORY = "16Gi"
 BURN_CPU = "2"
-AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+AGENT_RESOURCES = health.AGENT_RESOURCES
 # the host as the health agent sees it (read-only): an empty directory on each filesystem it watches,
 # and the kernel log's directory
 HEALTH_FS_DIR = health.HEALTH_FS_DIR

@@ -39,7 +39,6 @@ FROM_THE_PROJECT: dict[str, tuple[set[str], str]] = {
     # module -> (trees, the command that reaches the import, run below): each imports once the
     # project that command found (find_project, or --project) is on sys.path
     "superkube.plan.checks": ({"policies"}, "check"),  # load_rules puts it there first
-    "superkube.lab.agent_pods": ({"modules"}, "lab apply"),  # after planning.run put it there
 }
 ELSEWHERE: dict[str, set[str]] = {
     "superkube.agents.gpu_burn": {"torch"},  # the GPU tests' image has it; without, one line

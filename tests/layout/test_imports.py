@@ -25,8 +25,8 @@ TREES = {"superkube": PACKAGE, "modules": ROOT / "modules", "policies": ROOT / "
 # stand on model; the Pulumi components (modules) and the rules (policies) stand on those; plan reads
 # the facts and loads the rules by name (it runs modules/ through the project's __main__.py, by
 # path); fleet acts on a fleet; the harness runs real components beside a loopback API server; the
-# lab boots real hosts, built by the harness, and applies modules' objects to them; the command line
-# sits on top.
+# lab boots real hosts, built by the harness, and applies the plan's objects to them (never importing
+# modules/, which an installed command cannot see); the command line sits on top.
 MAY_IMPORT: dict[str, set[str]] = {
     "model": set(),
     "cluster": {"model"},
@@ -36,7 +36,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "plan": {"model", "cluster", "policies"},
     "fleet": {"model", "cluster", "plan", "agents"},
     "harness": {"model", "cluster", "agents"},
-    "lab": {"model", "cluster", "plan", "agents", "fleet", "harness", "modules"},
+    "lab": {"model", "cluster", "plan", "agents", "fleet", "harness"},
     "cli": {"model", "cluster", "plan", "agents", "fleet", "harness", "lab"},
 }
 LAB_COMMANDS = {"superkube.cli.lab", "superkube.cli.lab_nodes"}

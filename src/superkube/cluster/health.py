@@ -82,3 +82,17 @@ def may_cordon(cordoned: int, eligible: int, share: float) -> bool:
 def breaker_open(cordoned: int, eligible: int, share: float) -> bool:
     """Past the breaker: more of the pool cordoned for failures than `may_cordon` would have let in."""
     return cordoned > max(1, int(share * eligible + 1e-9))
+
+
+# The in-cluster layer's health objects by name (modules.platform.node_health makes them; the lab
+# changes some of them for what it lacks, superkube.lab.agent_pods)
+HEALTH_AGENT = "superkube-node-health"
+"""The health agent's DaemonSets: one per pool, `<this>-<pool>`."""
+PREFLIGHT_AGENT = "superkube-preflight"
+"""Preflight's DaemonSets: one per GPU pool, `<this>-<pool>`."""
+GPU_TEST = "superkube-gpu-test"
+"""The periodic GPU test's CronJobs: one per GPU pool, `<this>-<pool>`."""
+HEALTH_CONTROLLER = "superkube-node-health-controller"
+"""The health controller's Deployment."""
+AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+"""What the health agent asks for on every node (preflight's burn asks for more)."""

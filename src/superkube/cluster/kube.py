@@ -57,6 +57,8 @@ TEAM_TAINTS_METRICS_PORT = 9467  # the team-taints reconciler (a Deployment, on 
 # the kubelet serving-certificate approver (a Deployment, on the pod network): its port, its module
 SERVING_CERTS_METRICS_PORT = 9468
 SERVING_CERTS_MODULE = "superkube.agents.serving_certs"
+GPU_DEVICES_COMPONENT = "gpu-devices"  # NVIDIA's device plugin, one DaemonSet per GPU pool
+GPU_DEVICES_NAME = "nvidia-device-plugin"  # its DaemonSets: <this>-<pool>
 SERVING_CERTS_NAME = "superkube-serving-certs"  # its account, role and Deployment; its Events' component
 KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving"  # the signer of kubelets' serving certificates
 TEAM_WEBHOOK_PORT = 8443  # the team admission webhook's HTTPS port in its pod (Service port 443)

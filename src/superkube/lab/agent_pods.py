@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from superkube.agents import AGENTS_IMAGE, gpu_probe
+from superkube.cluster import autoscaling, health, kube
 from superkube.lab.errors import LabError
 
 READING_DIR = "/var/lib/superkube-lab"  # on each lab GPU host
@@ -95,10 +96,8 @@ def _flags(command: list[str], replace: dict[str, str]) -> list[str]:
 
 def left_out(obj: dict[str, Any]) -> bool:
     """An object the lab cannot run: the periodic GPU test (its CUDA image, its GPUs)."""
-    from modules.platform import node_health
-
     meta = obj.get("metadata") or {}
-    return obj.get("kind") == "CronJob" and str(meta.get("name", "")).startswith(node_health.GPU_TEST)
+    return obj.get("kind") == "CronJob" and str(meta.get("name", "")).startswith(health.GPU_TEST)
 
 
 DEVICE_PLUGIN = "lab-device-plugin"  # its image among the lab's (superkube.lab.images)
@@ -106,10 +105,8 @@ DEVICE_PLUGIN = "lab-device-plugin"  # its image among the lab's (superkube.lab.
 
 def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The object as the lab runs it (see the module's list); any other object is returned as it is."""
-    from modules.platform import balloons, gpu_devices, node_health, serving_certs
-
     kind, name = obj.get("kind"), str((obj.get("metadata") or {}).get("name", ""))
-    agent = next((a for a in (node_health.PREFLIGHT, node_health.HEALTH) if name.startswith(f"{a}-")), None)
+    agent = next((a for a in (health.PREFLIGHT_AGENT, health.HEALTH_AGENT) if name.startswith(f"{a}-")), None)
     if kind == "DaemonSet" and agent is not None:
         out = copy.deepcopy(obj)
         pod = out["spec"]["template"]["spec"]
@@ -119,10 +116,10 @@ def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None
             container["command"] = _flags(container["command"], {"interval": str(ROUND_S)})
             return out
         flags = {"reading": f"{MOUNT}/{Path(READING).name}", "interval": str(ROUND_S)}
-        if agent == node_health.PREFLIGHT:
+        if agent == health.PREFLIGHT_AGENT:
             flags["burn-seconds"] = "0"
             container["image"] = AGENTS_IMAGE
-            container["resources"] = copy.deepcopy(node_health.AGENT_RESOURCES)
+            container["resources"] = copy.deepcopy(health.AGENT_RESOURCES)
         container["command"] = _flags(container["command"], flags)
         container["volumeMounts"] = [
             *container.get("volumeMounts", []),
@@ -133,7 +130,7 @@ def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None
             {"name": "lab-reading", "hostPath": {"path": READING_DIR, "type": "DirectoryOrCreate"}},
         ]
         return out
-    if kind == "DaemonSet" and name.startswith(f"{gpu_devices.NAME}-"):
+    if kind == "DaemonSet" and name.startswith(f"{kube.GPU_DEVICES_NAME}-"):
         out = copy.deepcopy(obj)
         pod = out["spec"]["template"]["spec"]
         container = pod["containers"][0]
@@ -161,19 +158,19 @@ def lab_only(obj: dict[str, Any], images: Mapping[str, Mapping[str, str]] | None
         ]
         return out
     component = ((obj.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component")
-    if kind == "Deployment" and component == balloons.COMPONENT:
+    if kind == "Deployment" and component == autoscaling.BALLOONS:
         # each balloon asks for a whole node of its pool (its GPUs, most of its CPU and memory), which
         # no lab node has: at the plan's replicas (a pool's maximum, 7,500) they would only be
         # thousands of Pending pods the scheduler keeps retrying
         out = copy.deepcopy(obj)
         out["spec"]["replicas"] = 0
         return out
-    if kind == "Deployment" and name == node_health.HEALTH_CONTROLLER:
+    if kind == "Deployment" and name == health.HEALTH_CONTROLLER:
         out = copy.deepcopy(obj)
         container = out["spec"]["template"]["spec"]["containers"][0]
         container["command"] = _flags(container["command"], {"max-cordoned-share": str(BREAKER_SHARE)})
         return out
-    if kind == "Deployment" and name == serving_certs.NAME:
+    if kind == "Deployment" and name == kube.SERVING_CERTS_NAME:
         out = copy.deepcopy(obj)
         out["spec"]["replicas"] = 1
         return out
