@@ -290,8 +290,8 @@ def test_lab_empty_and_not_scraped_name_panels_that_exist_and_say_so(
             assert "Empty on the lab" not in described[name], name
     # the two reasons the lab has no data for a panel: a GPU's (the reset) and the autoscaler's
     assert {r for r in dashboards.LAB_EMPTY.values()} >= {
-        dashboards._GPU_RESET_ONLY,
-        dashboards._AUTOSCALER_ONLY,
+        dashboards.GPU_RESET_ONLY,
+        dashboards.AUTOSCALER_ONLY,
     }
 
 
