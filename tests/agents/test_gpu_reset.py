@@ -168,7 +168,7 @@ def layer_fences(api: LocalApi) -> LocalApi:
     reset_access = objects.service_account_access(
         component.GPU_RESET, component.COMPONENT, NAMESPACE, component.GPU_RESET_RULES
     )
-    apply(api, *component._access("health"), *component.fence("health"), *controller,
+    apply(api, *component.agent_access("health"), *component.fence("health"), *controller,
           *component.fence("health-controller"), *reset_access, *component.fence("gpu-reset"))  # fmt: skip
     # a new admission policy takes a moment to be enforced: wait until both refuse what they must,
     # so that a test's first request that a policy should refuse is not admitted before it loads

@@ -562,7 +562,7 @@ def test_the_agent_may_list_its_pool_as_the_peer_check_asks_on_the_real_api_serv
 
     if NAMESPACE not in {n.metadata.name for n in admin(api).list_namespace().items}:
         namespace(api, NAMESPACE)
-    apply(api, *component._access("health"))
+    apply(api, *component.agent_access("health"))
     pool = unique("peers")
     names = [f"{pool}-{i}" for i in range(6)]
     for i, name in enumerate(names):
@@ -603,7 +603,7 @@ def test_the_agents_process_reaches_its_peers_and_lists_its_pool_once(
     port, open_ = listeners
     if NAMESPACE not in {n.metadata.name for n in admin(api).list_namespace().items}:
         namespace(api, NAMESPACE)
-    apply(api, *component._access("health"), *component.fence("health"))
+    apply(api, *component.agent_access("health"), *component.fence("health"))
     pool = unique("agent-peers")
     me = f"{pool}-me"
     make_node(api, me, {POOL_LABEL: pool})

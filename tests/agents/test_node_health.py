@@ -275,7 +275,7 @@ def agent_api(api: LocalApi) -> LocalApi:
 
     if NAMESPACE not in {n.metadata.name for n in admin(api).list_namespace().items}:
         namespace(api, NAMESPACE)
-    apply(api, *component._access("health"), *component.fence("health"))
+    apply(api, *component.agent_access("health"), *component.fence("health"))
     return api
 
 

@@ -198,7 +198,7 @@ def preflight_api(api: LocalApi) -> LocalApi:
 
     if NAMESPACE not in {n.metadata.name for n in admin(api).list_namespace().items}:
         namespace(api, NAMESPACE)
-    apply_objects(api, *component._access("preflight"), *component.fence())
+    apply_objects(api, *component.agent_access("preflight"), *component.fence())
     return api
 
 

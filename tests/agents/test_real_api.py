@@ -326,7 +326,7 @@ def fenced(api: LocalApi) -> LocalApi:
     core = admin(api)
     if NAMESPACE not in {n.metadata.name for n in core.list_namespace().items}:
         namespace(api, NAMESPACE)
-    apply(api, *component._access("health"), *component.fence("health"))
+    apply(api, *component.agent_access("health"), *component.fence("health"))
     controller_objects = [m for m in component.controller(_args()) if m["kind"] != "Deployment"]
     apply(api, *controller_objects, *component.fence("health-controller"))
     return api
