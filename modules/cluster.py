@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import Literal
+from typing import Any, Literal
 
 import pulumi
 from pulumi_azure_native import authorization, managedidentity, resources
@@ -76,27 +76,85 @@ def standard_tags(spec: ClusterSpec, cluster: str) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class _Site:
+    """What every resource of one cluster is made with: its Pulumi name's prefix, the cluster's
+    name, region, tags and the hosts' admin login, and the control plane's zones."""
+
+    name: str
+    cluster: str
+    location: str
+    tags: dict[str, str]
+    login: dict[str, str]
+    zones: tuple[str, ...]
+
+
 class Cluster(pulumi.ComponentResource):
-    """Everything one `pulumi up -s <cluster>` creates."""
+    """Everything one `pulumi up -s <cluster>` creates, tier by tier: the network, the host
+    services' identities, the control plane (and the monitoring hosts beside it), the node pools,
+    and the in-cluster layer."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("superkube:cluster:Cluster", name, None, opts)
         spec, plan = args.spec, args.plan
-        cluster = plan.cluster
-        tags = standard_tags(spec, cluster)
-        location = spec.region
-        login = {"admin_username": spec.admin_username, "ssh_public_key": spec.ssh_public_key}
+        site = _Site(
+            name=name,
+            cluster=plan.cluster,
+            location=spec.region,
+            tags=standard_tags(spec, plan.cluster),
+            login={"admin_username": spec.admin_username, "ssh_public_key": spec.ssh_public_key},
+            zones=tuple(spec.control_plane_zones),
+        )
         subscription_id = authorization.get_client_config_output(
             opts=pulumi.InvokeOutputOptions(parent=self)
         ).subscription_id
+        self._network(site, spec, plan)
+        identity_ids, host_tags = self._host_identities(site, spec)
+        self._control_plane(site, spec, plan, subscription_id, identity_ids, host_tags)
+        self._compute(site, spec, plan)
+        self.in_cluster = None
+        if spec.in_cluster_layer and args.kubeconfig is not None:
+            self.in_cluster = InClusterLayer(
+                f"{name}-in-cluster",
+                InClusterLayerArgs(
+                    spec=spec,
+                    cluster=site.cluster,
+                    kubeconfig=args.kubeconfig,
+                    team_webhook_tls=args.team_webhook_tls,
+                    node_documents={k: v for pool in self.pools for k, v in pool.documents.items()},
+                    apiserver_address=f"{plan.apiserver_lb_ip}:{kube.APISERVER_PORT}",
+                    await_ready=spec.kubernetes_await,
+                ),
+                opts=child(self),
+            )
+        self.outputs = {
+            "apiserver_endpoint": self.apiservers.endpoint,
+            "etcd_servers": ",".join(self.etcd["main"].client_urls),
+            "etcd_servers_overrides": "/events#" + ";".join(self.etcd["events"].client_urls),
+            "nat_host_ip": str(plan.nat_host_ip),
+            "service_cidr": str(plan.service_cidr),
+            "hub_vnet_id": self.hub.vnet.id,
+            "spoke_vnet_id": self.spoke.vnet.id,
+            "scale_sets": [s.name for s in plan.scale_sets],
+        }
+        self.register_outputs(self.outputs)
 
-        hub_rg_name = inventory.resource_group(cluster, hub=True)
-        rg_name = inventory.resource_group(cluster)
+    def _network(self, site: _Site, spec: ClusterSpec, plan: AddressPlan) -> None:
+        """The two resource groups, the hub, the spoke peered with it, and the NAT host."""
+        name, cluster, location, tags = site.name, site.cluster, site.location, site.tags
         self.hub_group = resources.ResourceGroup(
-            f"{name}-hub-rg", resource_group_name=hub_rg_name, location=location, tags=tags, opts=child(self)
+            f"{name}-hub-rg",
+            resource_group_name=inventory.resource_group(cluster, hub=True),
+            location=location,
+            tags=tags,
+            opts=child(self),
         )
         self.group = resources.ResourceGroup(
-            f"{name}-rg", resource_group_name=rg_name, location=location, tags=tags, opts=child(self)
+            f"{name}-rg",
+            resource_group_name=inventory.resource_group(cluster),
+            location=location,
+            tags=tags,
+            opts=child(self),
         )
         self.hub = Hub(
             f"{name}-hub",
@@ -137,73 +195,81 @@ class Cluster(pulumi.ComponentResource):
                 service_cidr=str(plan.service_cidr),
                 vm_size=spec.nat_host_vm_size,
                 tags=tags,
-                **login,
+                **site.login,
             ),
             opts=child(self),
         )
-        zones = tuple(spec.control_plane_zones)
 
+    def _user_identity(self, site: _Site, what: str) -> managedidentity.UserAssignedIdentity:
+        """A user-assigned identity of the cluster's, for one host service."""
+        return managedidentity.UserAssignedIdentity(
+            f"{site.name}-{what}-identity",
+            resource_name_=f"id-{site.cluster}-{what}",
+            resource_group_name=self.group.name,
+            location=site.location,
+            tags=site.tags,
+            opts=child(self),
+        )
+
+    def _custom_role(
+        self,
+        site: _Site,
+        what: str,
+        assignment: str,
+        actions: Sequence[str],
+        description: str,
+        identity: managedidentity.UserAssignedIdentity,
+    ) -> tuple[authorization.RoleDefinition, authorization.RoleAssignment]:
+        """A custom role with only `actions` on the cluster's resource group, and its assignment
+        to `identity` (stable names: the role's and `assignment`'s, made from the cluster's)."""
+        name, cluster = site.name, site.cluster
+        definition = authorization.RoleDefinition(
+            f"{name}-{what}-role-definition",
+            role_definition_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{what}-role")),
+            role_name=f"superkube {cluster} {what}",
+            description=description,
+            role_type="CustomRole",
+            permissions=[authorization.PermissionArgs(actions=list(actions))],
+            assignable_scopes=[self.group.id],
+            scope=self.group.id,
+            opts=child(self),
+        )
+        granted = authorization.RoleAssignment(
+            f"{name}-{what}-role",
+            role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{assignment}")),
+            principal_id=identity.principal_id,
+            principal_type="ServicePrincipal",
+            role_definition_id=definition.id,
+            scope=self.group.id,
+            opts=child(self),
+        )
+        return definition, granted
+
+    def _host_identities(
+        self, site: _Site, spec: ClusterSpec
+    ) -> tuple[list[pulumi.Output[str]], dict[str, pulumi.Input[str]]]:
+        """The identities the API-server hosts' services act on Azure as (cluster-autoscaler and
+        remediation, each with a custom role on the resource group), and the tags that tell those
+        services who they are: (identity IDs, tags)."""
         # cluster-autoscaler runs on the API-server hosts (superkube.cluster.autoscaling says why) and
         # resizes the scale sets as this identity, which those VMs carry; their tags tell the host
         # service the identity's client ID and the resource group it may act in.
-        def user_identity(what: str) -> managedidentity.UserAssignedIdentity:
-            """A user-assigned identity of the cluster's, for one host service."""
-            return managedidentity.UserAssignedIdentity(
-                f"{name}-{what}-identity",
-                resource_name_=f"id-{cluster}-{what}",
-                resource_group_name=self.group.name,
-                location=location,
-                tags=tags,
-                opts=child(self),
-            )
-
-        def custom_role(
-            what: str,
-            assignment: str,
-            actions: Sequence[str],
-            description: str,
-            identity: managedidentity.UserAssignedIdentity,
-        ) -> tuple[authorization.RoleDefinition, authorization.RoleAssignment]:
-            """A custom role with only `actions` on the cluster's resource group, and its assignment
-            to `identity` (stable names: the role's and `assignment`'s, made from the cluster's)."""
-            definition = authorization.RoleDefinition(
-                f"{name}-{what}-role-definition",
-                role_definition_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{what}-role")),
-                role_name=f"superkube {cluster} {what}",
-                description=description,
-                role_type="CustomRole",
-                permissions=[authorization.PermissionArgs(actions=list(actions))],
-                assignable_scopes=[self.group.id],
-                scope=self.group.id,
-                opts=child(self),
-            )
-            granted = authorization.RoleAssignment(
-                f"{name}-{what}-role",
-                role_assignment_name=str(uuid.uuid5(uuid.NAMESPACE_URL, f"superkube/{cluster}/{assignment}")),
-                principal_id=identity.principal_id,
-                principal_type="ServicePrincipal",
-                role_definition_id=definition.id,
-                scope=self.group.id,
-                opts=child(self),
-            )
-            return definition, granted
-
         self.autoscaler_identity: managedidentity.UserAssignedIdentity | None = None
         self.autoscaler_role_definition: authorization.RoleDefinition | None = None
         self.autoscaler_role: authorization.RoleAssignment | None = None
-        autoscaler_tags: dict[str, pulumi.Input[str]] = {}
+        host_tags: dict[str, pulumi.Input[str]] = {}
         if spec.autoscaler_enabled:
-            self.autoscaler_identity = user_identity("autoscaler")
+            self.autoscaler_identity = self._user_identity(site, "autoscaler")
             # one custom role with what the autoscaler, the join-token publisher and the governor
             # call (superkube.cluster.autoscaling.ROLE_ACTIONS says which call needs which), where a
             # built-in role such as Virtual Machine Contributor could delete any VM of the group; the
             # assignment's name is new (an assignment cannot change its role in place)
-            self.autoscaler_role_definition, self.autoscaler_role = custom_role(
-                "autoscaler", "autoscaler-custom-role", autoscaling.role_actions(spec),
+            self.autoscaler_role_definition, self.autoscaler_role = self._custom_role(
+                site, "autoscaler", "autoscaler-custom-role", autoscaling.role_actions(spec),
                 "Resize, list and delete instances of the cluster's scale sets; nothing else.",
                 self.autoscaler_identity,
             )  # fmt: skip
-            autoscaler_tags = {
+            host_tags = {
                 autoscaling.IDENTITY_TAG: self.autoscaler_identity.client_id,
                 autoscaling.SCOPE_TAG: self.group.id,
             }
@@ -212,34 +278,47 @@ class Cluster(pulumi.ComponentResource):
         self.remediation_identity: managedidentity.UserAssignedIdentity | None = None
         self.remediation_role: authorization.RoleAssignment | None = None
         if remediation.enabled(spec):
-            self.remediation_identity = user_identity("remediation")
-            _, self.remediation_role = custom_role(
-                "remediation", "remediation", remediation.ROLE_ACTIONS,
+            self.remediation_identity = self._user_identity(site, "remediation")
+            _, self.remediation_role = self._custom_role(
+                site, "remediation", "remediation", remediation.ROLE_ACTIONS,
                 "Read the cluster's scale sets and delete their instances; nothing else.",
                 self.remediation_identity,
             )  # fmt: skip
-            autoscaler_tags = {
-                **autoscaler_tags,
+            host_tags = {
+                **host_tags,
                 remediation.IDENTITY_TAG: self.remediation_identity.client_id,
                 autoscaling.SCOPE_TAG: self.group.id,
             }
         identities = [i.id for i in (self.autoscaler_identity, self.remediation_identity) if i is not None]
+        return identities, host_tags
+
+    def _control_plane(
+        self,
+        site: _Site,
+        spec: ClusterSpec,
+        plan: AddressPlan,
+        subscription_id: pulumi.Output[str],
+        identity_ids: list[pulumi.Output[str]],
+        host_tags: dict[str, pulumi.Input[str]],
+    ) -> None:
+        """The API servers behind their load balancer, both etcd clusters, and the monitoring hosts."""
+        name, cluster, location, tags, zones = site.name, site.cluster, site.location, site.tags, site.zones
         self.apiservers = ApiServers(
             f"{name}-apiservers",
             ApiServersArgs(
                 cluster=cluster,
                 location=location,
                 subscription_id=subscription_id,
-                resource_group_name=rg_name,
+                resource_group_name=inventory.resource_group(cluster),
                 subnet_id=self.spoke.subnets["apiservers"].id,
                 frontend_ip=str(plan.apiserver_lb_ip),
                 member_ips=[str(ip) for ip in plan.apiserver_ips],
                 vm_size=spec.apiserver_vm_size,
                 zones=zones,
                 tags=tags,
-                identity_ids=identities,
-                autoscaler_tags=autoscaler_tags,
-                **login,
+                identity_ids=identity_ids,
+                autoscaler_tags=host_tags,
+                **site.login,
             ),
             opts=child(self, depends_on=[self.group]),
         )
@@ -258,13 +337,13 @@ class Cluster(pulumi.ComponentResource):
                     disk_gb=spec.etcd_disk_gb,
                     zones=zones,
                     tags=tags,
-                    **login,
+                    **site.login,
                 ),
                 opts=child(self),
             )
             for role, ips in etcd_clusters(plan)
         }
-        where = {"location": location, "resource_group_name": self.group.name, **login}
+        where: dict[str, Any] = {"location": location, "resource_group_name": self.group.name, **site.login}
         self.monitoring = MonitoringHosts(
             f"{name}-monitoring",
             MonitoringHostsArgs(
@@ -286,6 +365,10 @@ class Cluster(pulumi.ComponentResource):
             ),
             opts=child(self),
         )
+
+    def _compute(self, site: _Site, spec: ClusterSpec, plan: AddressPlan) -> None:
+        """The pools' node images (a gallery image per kind) and the node pools' scale sets."""
+        name, cluster, location, tags = site.name, site.cluster, site.location, site.tags
         self.node_images = NodeImages(
             f"{name}-node-images",
             NodeImagesArgs(
@@ -316,35 +399,9 @@ class Cluster(pulumi.ComponentResource):
                     team=spec.pool_team(pool, cluster),
                     initial_max=governed_maxes(spec, plan),
                     image_id=self.node_images.image_ids[pool.role],
-                    **login,
+                    **site.login,
                 ),
                 opts=child(self),
             )
             for pool in spec.node_pools
         ]
-        self.in_cluster = None
-        if spec.in_cluster_layer and args.kubeconfig is not None:
-            self.in_cluster = InClusterLayer(
-                f"{name}-in-cluster",
-                InClusterLayerArgs(
-                    spec=spec,
-                    cluster=cluster,
-                    kubeconfig=args.kubeconfig,
-                    team_webhook_tls=args.team_webhook_tls,
-                    node_documents={k: v for pool in self.pools for k, v in pool.documents.items()},
-                    apiserver_address=f"{plan.apiserver_lb_ip}:{kube.APISERVER_PORT}",
-                    await_ready=spec.kubernetes_await,
-                ),
-                opts=child(self),
-            )
-        self.outputs = {
-            "apiserver_endpoint": self.apiservers.endpoint,
-            "etcd_servers": ",".join(self.etcd["main"].client_urls),
-            "etcd_servers_overrides": "/events#" + ";".join(self.etcd["events"].client_urls),
-            "nat_host_ip": str(plan.nat_host_ip),
-            "service_cidr": str(plan.service_cidr),
-            "hub_vnet_id": self.hub.vnet.id,
-            "spoke_vnet_id": self.spoke.vnet.id,
-            "scale_sets": [s.name for s in plan.scale_sets],
-        }
-        self.register_outputs(self.outputs)
