@@ -102,7 +102,6 @@ def write_inventory(lab: Lab) -> Path:
                 "ansible_ssh_private_key_file": str(lab.key),
                 "ansible_ssh_common_args": common,
                 "ansible_python_interpreter": "/usr/bin/python3",
-                "superkube_lab": True,  # a mark for the lab's own tools; no role reads it
                 "superkube_cluster": LAB_STACK,
                 **{f"superkube_{k}": v for k, v in lab.facts.items()},
                 "superkube_local_builds": lab.builds,
