@@ -165,6 +165,13 @@ def test_the_layers_coredns_serves_names_at_the_kubelets_cluster_dns_address(clu
         kubectl(cluster, "-n", "kube-system", "delete", "pod", *names.values(), "--wait=false")
 
 
+LEASE_LOST = {
+    MPI_OPERATOR: "Leader election stopped",  # mpi-operator v0.8.2 cmd/mpi-operator/app/server.go
+    CONTROLLER: "leader election lost",  # controller-runtime v0.22.3 pkg/manager/internal.go
+}
+"""What each gang controller's last words are when it loses its leader lease (it then exits)."""
+
+
 @pytest.mark.parametrize("name", [CONTROLLER, MPI_OPERATOR])
 def test_the_gang_controllers_run_as_the_layers_pods(cluster: Lab, name: str) -> None:
     """The scheduler-plugins controller and the MPI Operator run from the layer's Deployments, on
@@ -176,8 +183,18 @@ def test_the_gang_controllers_run_as_the_layers_pods(cluster: Lab, name: str) ->
     (pinned,) = [p for p in images.pinned_images() if p.ref == container["image"]]
     assert images.normalized(container["image"]) == cluster.images[pinned.component]["ref"]
     pods = pods_of(cluster, kube.SYSTEM_NAMESPACE, f"app.kubernetes.io/name={name}")
-    restarts = [s.get("restartCount", 0) for p in pods for s in p["status"].get("containerStatuses", [])]
-    assert pods and all(r == 0 for r in restarts), [(p["metadata"]["name"], p["status"]) for p in pods]
+    assert pods and all(s.get("ready") for p in pods for s in p["status"].get("containerStatuses", [])), [
+        (p["metadata"]["name"], p["status"]) for p in pods
+    ]
+    # A restart is allowed for one cause only: the leader's lease lost while the modules before this
+    # one take an API server away (the load balancer drops it within ~5 s, and the MPI Operator's
+    # renew deadline is 5 s, fixed in its code): the previous run then ended saying so, and no other way.
+    for p in pods:
+        for status in p["status"].get("containerStatuses", []):
+            if status.get("restartCount", 0):
+                previous = ok(cluster, "-n", kube.SYSTEM_NAMESPACE, "logs", p["metadata"]["name"], "--previous",
+                              "--tail=30")  # fmt: skip
+                assert LEASE_LOST[name] in previous, (p["metadata"]["name"], status, previous[-2000:])
     leases = get(cluster, "leases", "-A")["items"]
     holders = [
         lease["spec"].get("holderIdentity", "")
