@@ -30,3 +30,15 @@ def test_every_value_the_lab_sets_is_over_a_role_default_of_that_name() -> None:
     assert missing == [], f"the lab sets variables no role has: {missing}"
     same = sorted(k for k, v in LAB_ROLE_VARS.items() if defaults[k] == v)
     assert same == [], f"the lab sets what production already has: {same}"
+
+
+def test_the_jobs_the_lab_runs_and_leaves_out_are_the_clusters_jobs() -> None:
+    """The scrape jobs the lab names (before the cluster's credentials are placed, and the ones it
+    never runs) are jobs of the generated configuration: a renamed job fails here, not silently."""
+    from superkube.cluster import monitoring
+    from superkube.lab.inventory import LAB_HOST_JOBS, LAB_SKIPPED_JOBS
+
+    jobs = {job.name for job in monitoring.jobs()}
+    assert set(LAB_HOST_JOBS) <= jobs, set(LAB_HOST_JOBS) - jobs
+    assert set(LAB_SKIPPED_JOBS) <= jobs, set(LAB_SKIPPED_JOBS) - jobs
+    assert not set(LAB_HOST_JOBS) & set(LAB_SKIPPED_JOBS)

@@ -15,6 +15,7 @@ from superkube.cluster.kube import (
     LAB_ONLY_KUBELET_CONFIG,
     LAB_ONLY_NODE_SOFTWARE,
 )
+from superkube.cluster.monitoring import AUTOSCALER_JOB
 from superkube.fleet.converge import set_current_inventory
 from superkube.lab.fabric import HOST_GROUPS
 from superkube.lab.machines import proxy_command
@@ -38,7 +39,7 @@ LAB_HOST_JOBS = ["etcd-main", "etcd-events", "node-exporter", "iptables-exporter
                  "metrics-store"]  # fmt: skip
 """The scrape jobs the lab's monitoring runs until the cluster's CA and metrics token are placed on it
 (monitoring_pki_placed, which the role's preflight sets): what its hosts serve without credentials."""
-LAB_SKIPPED_JOBS = ["cluster-autoscaler", "scale-governor", "remediation"]
+LAB_SKIPPED_JOBS = [AUTOSCALER_JOB, "scale-governor", "remediation"]
 """Jobs of programs the lab does not run: they write to Azure."""
 WATCHES_CLUSTER = "groups['apiservers'] | default([]) | length > 0"
 
